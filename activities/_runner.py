@@ -1,0 +1,330 @@
+"""The tool activity: one attempt of one call, which knows what earlier attempts did.
+
+Markers, in the order they are written (each is durable before the next step runs):
+
+1. the call record exists (workflow id = derived key) with phase ``calling`` and this
+   attempt's chain as owner — written *before* the tool is called, visible to every run;
+2. this attempt's heartbeat details say ``calling`` — a synchronous heartbeat, which also
+   proves this attempt is still the live one (a stale attempt's heartbeat is refused);
+3. the tool runs, heartbeated by exactcall while it does;
+4. the record gets ``done`` with the result (or ``released`` when the tool says it did not
+   happen, or ``unknown``).
+
+An attempt that finds (1) without (2) from its own chain knows the tool was never called.
+One that finds (2), or (1) from another chain, knows the tool may have been called: it
+re-calls only a provider-idempotent tool (same key), and otherwise ends as AmbiguousOutcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import structlog
+from temporalio import activity
+from temporalio.client import AsyncActivityHandle
+from temporalio.exceptions import ApplicationError
+
+from exactcall._canonical import args_hash, derive_key, to_json_value
+from exactcall._context import running
+from exactcall._crash import maybe_crash
+from exactcall._errors import (
+    AmbiguousOutcome,
+    ExactcallError,
+    IntentConflict,
+    InvalidCall,
+    NotExecuted,
+    ResultNotSerializable,
+)
+from exactcall._model import Intent, Owner, RecordEvent
+from exactcall._tool import Tool
+
+from ._records import Record, RecordView
+
+__all__ = ["tool_activity"]
+
+log = structlog.get_logger("exactcall")
+
+
+def tool_activity(t: Tool) -> Callable[[Intent], Awaitable[Any]]:
+    """The Temporal activity (named like the tool) that runs ``t`` under exactcall."""
+
+    async def run(intent: Intent) -> Any:
+        return await Attempt(t, intent).run()
+
+    run.__name__ = run.__qualname__ = f"exactcall_tool_{t.name}"
+    run.__doc__ = f"exactcall tool activity for {t.name!r}"
+    return activity.defn(name=t.name)(run)
+
+
+class Attempt:
+    """One attempt of one call."""
+
+    def __init__(self, t: Tool, intent: Intent) -> None:
+        info = activity.info()
+        self.tool = t
+        self.intent = intent
+        self.info = info
+        self.owner = Owner(run_id=info.workflow_run_id or "", activity_id=info.activity_id)
+        self.handle: AsyncActivityHandle = activity.client().get_async_activity_handle(
+            task_token=info.task_token
+        )
+        self.record = Record(activity.client(), intent)
+        self.log = log.bind(
+            tool=intent.tool,
+            step=intent.step,
+            key=intent.key,
+            workflow_id=intent.workflow_id,
+            args_hash=intent.args_hash,
+            attempt=info.attempt,
+        )
+
+    @property
+    def previous_phase(self) -> str | None:
+        details = self.info.heartbeat_details
+        if details and isinstance(details[0], dict):
+            return details[0].get("phase")
+        return None
+
+    async def run(self) -> Any:
+        self._check_intent()
+        if self.tool.options.read_only:
+            return await self._invoke(beat_phase="read_only")
+        return await self._settle()
+
+    # -- deciding -------------------------------------------------------------------------
+    async def _settle(self) -> Any:
+        if self.previous_phase == "done":
+            return await self._finish_recording()
+        if await self.record.claim(self.owner, self.info.attempt):
+            return await self._call()
+        view = await self.record.read()
+        if view is None:  # a record that vanished (retention): claim it anew
+            if await self.record.claim(self.owner, self.info.attempt):
+                return await self._call()
+            view = await self._must_read()
+        state = view.state
+        if state.intent.args_hash != self.intent.args_hash:
+            self.log.warning("tool.conflict", recorded_hash=state.intent.args_hash)
+            raise IntentConflict(
+                f"key {self.intent.key} (step {self.intent.step!r} of {self.intent.workflow_id})"
+                f" already ran {state.intent.tool} with args hash {state.intent.args_hash}; "
+                f"this call has {self.intent.args_hash}. Nothing was executed. Use another "
+                "key= for a different call.",
+                **self._fields(recorded_hash=state.intent.args_hash),
+            )
+        if state.final:
+            return self._recorded(view)
+        if state.phase == "idle" or (
+            state.phase == "calling"
+            and state.owner == self.owner
+            and self.previous_phase != "calling"
+        ):
+            # never called: released after a definite failure, or our own earlier attempt
+            # died between claiming the record and its pre-call heartbeat
+            if state.phase == "idle":
+                await self._mark("calling")
+            return await self._call()
+        return await self._maybe_called(view)
+
+    async def _maybe_called(self, view: RecordView) -> Any:
+        """The tool may have run already (this chain or another)."""
+        if self._may_recall(view):
+            self.log.info("tool.recall_same_key", reason="provider-idempotent")
+            await self._mark("calling")
+            return await self._call()
+        waited = await self.record.wait_done(self.tool.options.heartbeat_timeout)
+        if waited is not None and waited.state.final:
+            return self._recorded(waited)
+        reason = (
+            "an earlier attempt may have called the tool and did not record a result "
+            f"(it crashed or timed out; record phase {view.state.phase!r})"
+        )
+        await self._unknown(reason)
+        raise AmbiguousOutcome(
+            f"{self.intent.tool} {self.intent.step}: outcome unknown; not re-sent. {reason}",
+            **self._fields(reason=reason),
+        )
+
+    def _may_recall(self, view: RecordView) -> bool:
+        window = self.tool.options.provider_idempotent
+        if window is False:
+            return False
+        if isinstance(window, timedelta):
+            return datetime.now(UTC) - view.since < window
+        return True
+
+    def _recorded(self, view: RecordView) -> Any:
+        state = view.state
+        if state.unserializable is not None:
+            raise ResultNotSerializable(
+                f"{self.intent.tool} {self.intent.step} ran, but its result could not be "
+                f"recorded: {state.unserializable}",
+                **self._fields(),
+            )
+        self.log.info("tool.deduplicated", recorded_by=state.owner.run_id)
+        return state.result
+
+    # -- calling ----------------------------------------------------------------------------
+    async def _call(self) -> Any:
+        await self._beat({"phase": "calling", "attempt": self.info.attempt})
+        maybe_crash("before_call", self.intent.tool, self.info.attempt)
+        try:
+            result = await self._invoke(beat_phase="calling")
+        except Exception as exc:
+            return await self._failed(exc)
+        maybe_crash("after_call", self.intent.tool, self.info.attempt)
+        try:
+            value = to_json_value(result, f"{self.intent.tool}() result")
+        except InvalidCall as exc:
+            await self._done(None, unserializable=exc.message)
+            raise ResultNotSerializable(
+                f"{self.intent.tool} {self.intent.step} ran (recorded as done, it will not run "
+                f"again under this key), but its result cannot be recorded: {exc.message}. "
+                "Return JSON data, a pydantic model or a dataclass.",
+                **self._fields(),
+            ) from None
+        await self._done(value)
+        maybe_crash("after_record", self.intent.tool, self.info.attempt)
+        self.log.info("tool.executed")
+        return value
+
+    async def _invoke(self, beat_phase: str) -> Any:
+        t = self.tool
+        pos, kw = t.arguments_for_call(self.intent.args)
+        if t.takes_key:
+            kw["idempotency_key"] = self.intent.key
+        with running(self.intent):
+            if t.is_async:
+                work: Awaitable[Any] = t.fn(*pos, **kw)
+            else:
+                work = asyncio.to_thread(t.fn, *pos, **kw)
+            async with self._keepalive({"phase": beat_phase, "attempt": self.info.attempt}):
+                return await work
+
+    async def _failed(self, exc: Exception) -> Any:
+        opts = self.tool.options
+        if isinstance(exc, (NotExecuted, *opts.not_executed_on)):
+            await self._mark("released", reason=_describe(exc))
+            await self._beat({"phase": "released", "attempt": self.info.attempt})
+            final = self._final_attempt(exc)
+            self.log.info("tool.not_executed", error=_describe(exc), final=final)
+            raise ApplicationError(
+                _describe(exc),
+                {"error_type": type(exc).__name__, "attempt": self.info.attempt},
+                type=NotExecuted.code,
+                non_retryable=final,
+            ) from exc
+        if opts.provider_idempotent is not False and not self._final_attempt(exc):
+            # the provider dedupes on the key: the next attempt re-calls with the same key
+            self.log.warning("tool.error_retry_same_key", error=_describe(exc))
+            raise ApplicationError(_describe(exc), type="ToolError") from exc
+        reason = f"the tool raised {_describe(exc)} after it may have started its effect"
+        await self._unknown(reason)
+        raise AmbiguousOutcome(
+            f"{self.intent.tool} {self.intent.step}: outcome unknown; not re-sent. {reason}. "
+            "Raise exactcall.NotExecuted (or list the type in not_executed_on=) when an error "
+            "means the effect did not happen.",
+            **self._fields(reason=reason, error_type=type(exc).__name__),
+        ) from exc
+
+    def _final_attempt(self, exc: Exception) -> bool:
+        policy = self.tool.options.retry_policy
+        if isinstance(exc, NotExecuted) and exc.non_retryable:
+            return True
+        if type(exc).__name__ in (policy.non_retryable_error_types or ()):
+            return True
+        return 0 < policy.maximum_attempts <= self.info.attempt
+
+    # -- markers ----------------------------------------------------------------------------
+    async def _beat(self, details: dict[str, Any]) -> None:
+        """A synchronous heartbeat: durable, and refused if this attempt is stale."""
+        await self.handle.heartbeat(details)
+
+    @contextlib.asynccontextmanager
+    async def _keepalive(self, details: dict[str, Any]) -> AsyncIterator[None]:
+        interval = max(0.2, self.tool.options.heartbeat_timeout.total_seconds() / 4)
+
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(interval)
+                try:
+                    await self.handle.heartbeat(details)
+                except Exception as exc:  # stale attempt or server away: keep the tool going
+                    self.log.warning("tool.heartbeat_failed", error=_describe(exc))
+
+        task = asyncio.create_task(loop())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _mark(self, kind: str, **fields: Any) -> None:
+        await self.record.mark(
+            RecordEvent(kind=kind, owner=self.owner, attempt=self.info.attempt, **fields)  # type: ignore[arg-type]
+        )
+
+    async def _done(self, value: Any, unserializable: str | None = None) -> None:
+        try:
+            await self._mark("done", result=value, unserializable=unserializable)
+        except Exception:
+            # keep the result in this chain's heartbeat so the next attempt can record it
+            await self._beat({"phase": "done", "result": value, "unserializable": unserializable})
+            raise
+
+    async def _finish_recording(self) -> Any:
+        """The previous attempt ran the tool but could not write the record: write it now."""
+        details = self.info.heartbeat_details[0]
+        await self._mark(
+            "done", result=details.get("result"), unserializable=details.get("unserializable")
+        )
+        return self._recorded(await self._must_read())
+
+    async def _unknown(self, reason: str) -> None:
+        self.log.error("tool.ambiguous", reason=reason)
+        try:
+            await self._mark("unknown", reason=reason)
+        except Exception as exc:
+            self.log.error("tool.record_unreachable", error=_describe(exc))
+
+    async def _must_read(self) -> RecordView:
+        view = await self.record.read()
+        if view is None:
+            raise ExactcallError(f"the record of key {self.intent.key} cannot be read")
+        return view
+
+    # -- guards -----------------------------------------------------------------------------
+    def _check_intent(self) -> None:
+        """Recompute the hash and the key of the intent about to run; refuse on mismatch."""
+        i = self.intent
+        expect_hash = args_hash(i.tool, i.args)
+        expect_key = derive_key(
+            self.info.namespace, self.info.workflow_id or "", i.step, i.tool, i.tool_version
+        )
+        if i.tool != self.tool.name or expect_hash != i.args_hash or expect_key != i.key:
+            raise InvalidCall(
+                "the intent handed to this activity does not match its own arguments "
+                "(edited history or a bug); nothing was executed",
+                **self._fields(expected_hash=expect_hash, expected_key=expect_key),
+            )
+
+    def _fields(self, **extra: Any) -> dict[str, Any]:
+        i = self.intent
+        return {
+            "tool": i.tool,
+            "step": i.step,
+            "key": i.key,
+            "workflow_id": i.workflow_id,
+            "args_hash": i.args_hash,
+            **extra,
+        }
+
+
+def _describe(exc: BaseException) -> str:
+    msg = exc.message if isinstance(exc, ApplicationError) else str(exc)
+    return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__

@@ -1,0 +1,67 @@
+"""exactcall: AI agents' side effects on Temporal, once.
+
+Each tool call is a Temporal activity whose intent (tool, canonical arguments, their sha256,
+workflow id, step, derived idempotency key) is persisted before the effect; every attempt
+knows what the previous one did; a call that may have happened is never re-run blindly.
+
+    import exactcall
+
+    @exactcall.tool
+    async def pay(amount: int, to: str, *, idempotency_key: str) -> dict: ...
+
+    # inside a workflow
+    receipt = await exactcall.call(pay, amount=10, to="alice")
+"""
+
+from ._call import call, call_with
+from ._canonical import args_hash, canonical_json, derive_key, to_json_value
+from ._context import current_intent, idempotency_headers, idempotency_key
+from ._errors import (
+    AmbiguousOutcome,
+    ArgumentsTooLarge,
+    ExactcallError,
+    IntentConflict,
+    InvalidCall,
+    NotExecuted,
+    PluginNotInstalled,
+    ResultNotSerializable,
+    ToolFailed,
+    UnknownTool,
+)
+from ._model import Intent, RecordState
+from ._plugin import Plugin
+from ._tool import Tool, ToolOptions, get_tool, intent_hash, registered_tools, tool
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AmbiguousOutcome",
+    "ArgumentsTooLarge",
+    "ExactcallError",
+    "Intent",
+    "IntentConflict",
+    "InvalidCall",
+    "NotExecuted",
+    "Plugin",
+    "PluginNotInstalled",
+    "RecordState",
+    "ResultNotSerializable",
+    "Tool",
+    "ToolFailed",
+    "ToolOptions",
+    "UnknownTool",
+    "__version__",
+    "args_hash",
+    "call",
+    "call_with",
+    "canonical_json",
+    "current_intent",
+    "derive_key",
+    "get_tool",
+    "idempotency_headers",
+    "idempotency_key",
+    "intent_hash",
+    "registered_tools",
+    "to_json_value",
+    "tool",
+]

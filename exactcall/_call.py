@@ -1,0 +1,267 @@
+"""``exactcall.call``: run a tool from workflow code, with a persisted intent and a derived key.
+
+Deterministic workflow code only. Per workflow instance it keeps the ordinal of each tool
+(``pay#1``, ``pay#2``; carried over continue-as-new in a header) and the calls in flight by
+key, so concurrent calls with one key execute once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pydantic
+from temporalio import workflow
+from temporalio.api.common.v1 import Payload
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
+from temporalio.worker import (
+    ContinueAsNewInput,
+    ExecuteWorkflowInput,
+    WorkflowInboundInterceptor,
+    WorkflowOutboundInterceptor,
+)
+
+from ._canonical import args_hash, derive_key
+from ._errors import (
+    AmbiguousOutcome,
+    ExactcallError,
+    IntentConflict,
+    InvalidCall,
+    NotExecuted,
+    PluginNotInstalled,
+    ToolFailed,
+    error_from_failure,
+)
+from ._model import Intent
+from ._tool import Tool, resolve_tool
+
+__all__ = ["CARRY_HEADER", "WorkflowInterceptor", "call", "call_with", "intent_of"]
+
+CARRY_HEADER = "exactcall-ordinals"
+MAX_KEY_LENGTH = 200
+_NON_RETRYABLE = ["AmbiguousOutcome", "IntentConflict", "InvalidCall", "ResultNotSerializable"]
+
+
+@dataclass
+class _Flight:
+    intent: Intent
+    task: asyncio.Task[Any]
+
+
+@dataclass
+class _WorkflowState:
+    ordinals: dict[str, int] = field(default_factory=dict)
+    flights: dict[str, _Flight] = field(default_factory=dict)
+
+    def next_step(self, tool: str) -> str:
+        n = self.ordinals.get(tool, 0) + 1
+        self.ordinals[tool] = n
+        return f"{tool}#{n}"
+
+
+_STATES: weakref.WeakKeyDictionary[Any, _WorkflowState] = weakref.WeakKeyDictionary()
+_ACTIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _state() -> _WorkflowState:
+    inst = workflow.instance()
+    st = _STATES.get(inst)
+    if st is None:
+        if inst not in _ACTIVE:
+            raise PluginNotInstalled(
+                "exactcall.call ran on a worker without exactcall.Plugin(): add "
+                "plugins=[exactcall.Plugin()] to the Client or the Worker"
+            )
+        st = _WorkflowState(ordinals=_carried_ordinals())
+        _STATES[inst] = st
+    return st
+
+
+def _carried_ordinals() -> dict[str, int]:
+    payload = workflow.info().headers.get(CARRY_HEADER)
+    if payload is None:
+        return {}
+    carried = workflow.payload_converter().from_payload(payload, dict[str, int])
+    return dict(carried)
+
+
+async def call(tool: Tool | str, /, *args: Any, key: str | None = None, **kwargs: Any) -> Any:
+    """Run ``tool(*args, **kwargs)`` once, from workflow code.
+
+    ``key`` names the step (a deliberate repeat of the same call needs its own key); without
+    it the step is the tool's next ordinal in this workflow (``pay#1``, ``pay#2``). A tool
+    that has its own parameter called ``key`` is called with :func:`call_with`.
+    """
+    if key is not None and isinstance(tool, Tool) and "key" in tool.params:
+        raise InvalidCall(
+            f"{tool.name} has its own parameter 'key', so exactcall.call(..., key=...) is "
+            "ambiguous: use exactcall.call_with(tool, kwargs={'key': ...}, key=<step>)",
+            tool=tool.name,
+        )
+    return await call_with(tool, args=args, kwargs=kwargs, key=key)
+
+
+async def call_with(
+    tool: Tool | str,
+    /,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    key: str | None = None,
+) -> Any:
+    """Like :func:`call`, with the tool's arguments passed apart from exactcall's options."""
+    if not workflow.in_workflow():
+        raise ExactcallError(
+            "exactcall.call runs inside a Temporal workflow; to compute a hash outside one, "
+            "use exactcall.intent_hash"
+        )
+    t = resolve_tool(tool)
+    intent = intent_of(t, args, kwargs or {}, key)
+    st = _STATES[workflow.instance()]
+    if t.options.read_only:
+        return _typed(t, await _execute(t, intent))
+    flight = st.flights.get(intent.key)
+    if flight is None:
+        flight = _Flight(intent, asyncio.ensure_future(_execute(t, intent)))
+        st.flights[intent.key] = flight
+    elif flight.intent.args_hash != intent.args_hash:
+        raise IntentConflict(
+            f"step {intent.step!r} of {t.name} already ran in this workflow with args hash "
+            f"{flight.intent.args_hash}; this call has {intent.args_hash}. Nothing was "
+            "executed. Use another key= for a different call.",
+            tool=t.name,
+            step=intent.step,
+            key=intent.key,
+            args_hash=intent.args_hash,
+            recorded_hash=flight.intent.args_hash,
+        )
+    return _typed(t, await asyncio.shield(flight.task))
+
+
+def intent_of(t: Tool, args: Sequence[Any], kwargs: Mapping[str, Any], key: str | None) -> Intent:
+    """Build (and validate) the intent of a call from inside a workflow."""
+    canonical = t.canonical_args(args, kwargs)
+    st = _state()
+    step = st.next_step(t.name) if key is None else _check_key(key)
+    info = workflow.info()
+    return Intent(
+        tool=t.name,
+        tool_version=t.version,
+        args=canonical,
+        args_hash=args_hash(t.name, canonical),
+        namespace=info.namespace,
+        workflow_id=info.workflow_id,
+        workflow_type=info.workflow_type,
+        step=step,
+        key=derive_key(info.namespace, info.workflow_id, step, t.name, t.version),
+        explicit_key=key is not None,
+        record_task_queue=info.task_queue,
+    )
+
+
+def _check_key(key: Any) -> str:
+    if not isinstance(key, str) or not key.strip() or len(key) > MAX_KEY_LENGTH:
+        raise InvalidCall(
+            f"key={key!r}: a step key is a non-empty string of at most {MAX_KEY_LENGTH} characters",
+        )
+    return key
+
+
+async def _execute(t: Tool, intent: Intent) -> Any:
+    opts = t.options
+    activity_id = intent.step if not intent.explicit_key else f"{t.name}[{intent.step}]"
+    try:
+        return await workflow.execute_activity(
+            t.name,
+            intent,
+            task_queue=opts.task_queue,
+            start_to_close_timeout=opts.start_to_close_timeout,
+            heartbeat_timeout=opts.heartbeat_timeout,
+            retry_policy=_retry_policy(t),
+            activity_id=activity_id,
+            summary=f"{t.name} {intent.step} args {intent.args_hash[:12]}",
+        )
+    except ActivityError as err:
+        raise _outcome_error(t, intent, err) from err
+
+
+def _retry_policy(t: Tool) -> RetryPolicy:
+    p = t.options.retry_policy
+    if t.options.read_only:
+        return p
+    # crashed and timed-out attempts are always followed by one more attempt, which reads the
+    # markers and settles the call; the attempt limit applies to definite failures and is
+    # enforced inside the activity
+    return RetryPolicy(
+        initial_interval=p.initial_interval,
+        backoff_coefficient=p.backoff_coefficient,
+        maximum_interval=p.maximum_interval,
+        maximum_attempts=0,
+        non_retryable_error_types=_NON_RETRYABLE,
+    )
+
+
+def _outcome_error(t: Tool, intent: Intent, err: ActivityError) -> ExactcallError:
+    cause = err.cause
+    fields = {"tool": t.name, "step": intent.step, "key": intent.key, "args_hash": intent.args_hash}
+    if isinstance(cause, ApplicationError):
+        rebuilt = error_from_failure(cause)
+        if isinstance(rebuilt, NotExecuted):
+            return ToolFailed(
+                f"{t.name} {intent.step} failed and did not happen: {cause.message}",
+                **fields,
+                error_type=(rebuilt.fields.get("error_type")),
+            )
+        if rebuilt is not None:
+            return rebuilt
+        return ToolFailed(f"{t.name} {intent.step} failed: {cause.message}", **fields)
+    if isinstance(cause, TimeoutError) and not t.options.read_only:
+        return AmbiguousOutcome(
+            f"{t.name} {intent.step}: the last attempt timed out; outcome unknown, not re-sent",
+            **fields,
+        )
+    return ToolFailed(f"{t.name} {intent.step} failed: {err}", **fields)
+
+
+def _typed(t: Tool, value: Any) -> Any:
+    adapter = t.return_adapter()
+    if adapter is None:
+        return value
+    try:
+        return adapter.validate_python(value)
+    except pydantic.ValidationError:
+        workflow.logger.warning(
+            "exactcall: %s result does not fit its return annotation; returned as JSON", t.name
+        )
+        return value
+
+
+# -- interceptor ----------------------------------------------------------------------------
+class _Inbound(WorkflowInboundInterceptor):
+    def init(self, outbound: WorkflowOutboundInterceptor) -> None:
+        super().init(_Outbound(outbound))
+
+    async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
+        _ACTIVE.add(workflow.instance())
+        return await super().execute_workflow(input)
+
+
+class _Outbound(WorkflowOutboundInterceptor):
+    def continue_as_new(self, input: ContinueAsNewInput) -> Any:
+        st = _STATES.get(workflow.instance())
+        if st is not None and st.ordinals:
+            carried: Payload = workflow.payload_converter().to_payload(st.ordinals)
+            input.headers = {**input.headers, CARRY_HEADER: carried}
+        return super().continue_as_new(input)
+
+
+class WorkflowInterceptor:
+    """Provides the per-workflow state (``workflow_interceptor_class``)."""
+
+    @staticmethod
+    def inbound_class() -> type[WorkflowInboundInterceptor]:
+        return _Inbound

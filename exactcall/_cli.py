@@ -1,0 +1,177 @@
+"""The ``exactcall`` command: ``server``, ``worker``, ``demo``.
+
+A thin layer over the Python API: ``main(argv) -> int``. Exit 0 ok, 1 when the answer is
+"something is wrong", 2 for usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+
+__all__ = ["main"]
+
+
+def _connection_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "connection (defaults from TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_API_KEY, "
+        "TEMPORAL_TLS_* or the temporal CLI profile)"
+    )
+    g.add_argument("--address", help="host:port of the Temporal frontend (localhost:7233)")
+    g.add_argument("--namespace", help="Temporal namespace (default)")
+    g.add_argument("--api-key", help="API key (Temporal Cloud); implies TLS")
+    g.add_argument("--tls", action="store_true", help="connect with TLS")
+    g.add_argument("--tls-cert", type=Path, help="client certificate (mTLS)")
+    g.add_argument("--tls-key", type=Path, help="client private key (mTLS)")
+    g.add_argument("--tls-ca", type=Path, help="server CA certificate")
+
+
+def _connection(ns: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from ._worker import Connection
+
+    return Connection(
+        address=ns.address,
+        namespace=ns.namespace,
+        api_key=ns.api_key,
+        tls=ns.tls,
+        tls_cert=ns.tls_cert,
+        tls_key=ns.tls_key,
+        tls_ca=ns.tls_ca,
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="exactcall", description="Exactly-once side effects for agent tool calls on Temporal."
+    )
+    p.add_argument("--log-level", default=os.environ.get("EXACTCALL_LOG_LEVEL", "INFO"))
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("server", help="run the embedded Temporal dev server (SQLite, no Docker)")
+    s.add_argument("--port", type=int, default=7233)
+    s.add_argument("--ui-port", type=int, default=None, help="Temporal UI port (port+1000)")
+    s.add_argument("--headless", action="store_true", help="no Temporal UI")
+    s.add_argument("--db", type=Path, default=None, help="SQLite file (in the state folder)")
+    s.add_argument("--namespace", action="append", default=[], help="extra namespace")
+    s.add_argument("--ip", default="127.0.0.1")
+
+    w = sub.add_parser("worker", help="run a worker for your workflows and tools")
+    w.add_argument("--task-queue", required=True)
+    w.add_argument(
+        "--workflows",
+        action="append",
+        default=[],
+        metavar="MODULE[:CLASS]",
+        help="workflow classes to serve (repeatable, or comma-separated)",
+    )
+    w.add_argument(
+        "--tools",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="modules whose @exactcall.tool functions (and plain @activity.defn functions) to "
+        "serve (repeatable, or comma-separated)",
+    )
+    w.add_argument(
+        "--sticky-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="sticky queue schedule-to-start timeout (Temporal's default is 10 s)",
+    )
+    _connection_args(w)
+
+    d = sub.add_parser("demo", help="show a crash with and without exactcall, side by side")
+    d.add_argument("--keep", action="store_true", help="keep the demo's bank database")
+    _connection_args(d)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    try:
+        ns = parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    from ._log import configure_logging
+
+    configure_logging(ns.log_level.upper())
+    try:
+        if ns.command == "server":
+            return _server(ns)
+        if ns.command == "worker":
+            return asyncio.run(_worker(ns))
+        if ns.command == "demo":
+            from .demo.run import run_demo
+
+            return asyncio.run(run_demo(_connection(ns), keep=ns.keep))
+    except KeyboardInterrupt:
+        return 130
+    except (ImportError, AttributeError, FileNotFoundError) as exc:
+        print(f"exactcall {ns.command}: {exc}", file=sys.stderr)
+        return 2
+    return 2
+
+
+def _split(values: Sequence[str]) -> list[str]:
+    return [v.strip() for item in values for v in item.split(",") if v.strip()]
+
+
+def _server(ns: argparse.Namespace) -> int:
+    from ._server import DevServer, state_dir
+
+    db = ns.db or state_dir() / "temporal.db"
+    server = DevServer(
+        port=ns.port,
+        ui_port=ns.ui_port,
+        headless=ns.headless,
+        db=db,
+        namespaces=ns.namespace,
+        ip=ns.ip,
+        fast=False,
+        log_level="warn",
+    )
+    server.start()
+    print(f"Temporal dev server on {server.address} (namespace: default)")
+    if server.ui_url:
+        print(f"Temporal UI at {server.ui_url}")
+    print(f"State: {db}")
+    print("Ctrl-C to stop.", flush=True)
+    try:
+        return server.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        server.stop()
+
+
+async def _worker(ns: argparse.Namespace) -> int:
+    from ._plugin import Plugin
+    from ._worker import (
+        build_worker,
+        connect,
+        load_activities,
+        load_tools,
+        load_workflows,
+        run_worker,
+    )
+
+    sys.path.insert(0, os.getcwd())
+    tools = load_tools(_split(ns.tools))
+    activities = load_activities(_split(ns.tools))
+    workflows = load_workflows(_split(ns.workflows))
+    if not tools and not workflows:
+        print("exactcall worker: give --tools and/or --workflows", file=sys.stderr)
+        return 2
+    client = await connect(_connection(ns), Plugin(tools=tools))
+    sticky = timedelta(seconds=ns.sticky_timeout) if ns.sticky_timeout else None
+    worker = build_worker(
+        client, ns.task_queue, workflows, activities=activities, sticky_timeout=sticky
+    )
+    await run_worker(worker)
+    return 0

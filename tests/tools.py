@@ -1,0 +1,115 @@
+"""Tools used by the tests: each one moves money at a real local HTTP bank."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.error
+import urllib.request
+from datetime import timedelta
+from typing import Any
+
+from temporalio import activity
+
+import exactcall
+
+FAST = timedelta(seconds=2)
+
+
+class BankUnavailable(Exception):
+    """The bank refused the request before doing anything (503)."""
+
+
+def post(bank: str, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
+    req = urllib.request.Request(
+        bank + path,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", **(headers or {})},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        with err:
+            if err.code == 503:
+                raise BankUnavailable(f"bank answered {err.code}") from None
+            raise
+
+
+@exactcall.tool(heartbeat_timeout=FAST)
+def pay(bank: str, amount: int, to: str) -> dict[str, Any]:
+    """Sync tool; sends NO key, so the bank would book every request."""
+    return post(bank, "/payments", {"amount": amount, "to": to})
+
+
+@exactcall.tool(provider_idempotent=True, heartbeat_timeout=FAST)
+async def charge(bank: str, amount: int, customer: str) -> dict[str, Any]:
+    """Async tool against a provider that dedupes on Idempotency-Key."""
+    body = {"amount": amount, "to": customer}
+    return await asyncio.to_thread(post, bank, "/payments", body, exactcall.idempotency_headers())
+
+
+@exactcall.tool(heartbeat_timeout=FAST, not_executed_on=(BankUnavailable,))
+def pay_or_retry(bank: str, amount: int, to: str, *, idempotency_key: str) -> dict[str, Any]:
+    """A 503 from the bank means nothing happened: exactcall may retry it."""
+    return post(bank, "/payments", {"amount": amount, "to": to, "memo": idempotency_key})
+
+
+@exactcall.tool(heartbeat_timeout=FAST)
+def pay_then_explode(bank: str, amount: int, to: str) -> dict[str, Any]:
+    post(bank, "/payments", {"amount": amount, "to": to})
+    raise RuntimeError("connection reset after the request was sent")
+
+
+@exactcall.tool(heartbeat_timeout=FAST)
+def pay_unserializable(bank: str, amount: int, to: str) -> Any:
+    post(bank, "/payments", {"amount": amount, "to": to})
+    return object()
+
+
+@exactcall.tool(heartbeat_timeout=FAST)
+async def slow_pay(bank: str, amount: int, to: str, seconds: float) -> dict[str, Any]:
+    receipt = await asyncio.to_thread(post, bank, "/payments", {"amount": amount, "to": to})
+    await asyncio.sleep(seconds)
+    return receipt
+
+
+@exactcall.tool(heartbeat_timeout=FAST)
+def blocking_pay(bank: str, amount: int, to: str, seconds: float) -> dict[str, Any]:
+    """A sync tool that blocks its thread for a long time (heartbeats must go on)."""
+    receipt = post(bank, "/payments", {"amount": amount, "to": to})
+    time.sleep(seconds)
+    return receipt
+
+
+@exactcall.tool(read_only=True)
+def balance(bank: str, to: str) -> int:
+    with urllib.request.urlopen(f"{bank}/payments/count?to={to}", timeout=10) as resp:
+        return int(json.loads(resp.read())["count"])
+
+
+@exactcall.tool(heartbeat_timeout=FAST)
+def whoami(bank: str, to: str, key: str = "k") -> dict[str, Any]:
+    """Has its own parameter called ``key``; reports what exactcall told it."""
+    post(bank, "/payments", {"amount": 1, "to": to})
+    intent = exactcall.current_intent()
+    return {
+        "key_param": key,
+        "idempotency_key": exactcall.idempotency_key(),
+        "headers": exactcall.idempotency_headers(),
+        "step": intent.step,
+        "args_hash": intent.args_hash,
+    }
+
+
+@exactcall.tool(name="pay_v2", version="2", heartbeat_timeout=FAST)
+def pay_versioned(bank: str, amount: int, to: str) -> dict[str, Any]:
+    return post(bank, "/payments", {"amount": amount, "to": to})
+
+
+@activity.defn(name="bare_pay")
+def bare_pay(bank: str, amount: int, to: str) -> dict[str, Any]:
+    """A plain Temporal activity with no exactcall: what most agents do today."""
+    return post(bank, "/payments", {"amount": amount, "to": to})

@@ -1,0 +1,55 @@
+"""The call record: one small workflow per derived key, whose workflow id is the key.
+
+Workflow id uniqueness makes it the claim on a key across runs, resets and continue-as-new;
+its history is the durable marker store every attempt reads. Temporal stays the only store.
+The record completes (with the final state) once the call is done; while the outcome is
+unknown it stays open, so it is listed until someone settles it.
+"""
+
+from __future__ import annotations
+
+from temporalio import workflow
+
+from exactcall._model import RecordEvent, RecordInit, RecordState
+
+__all__ = ["MARK_SIGNAL", "RECORD_WORKFLOW", "STATE_QUERY", "CallRecord", "record_id"]
+
+RECORD_WORKFLOW = "exactcall.CallRecord"
+MARK_SIGNAL = "exactcall.mark"
+STATE_QUERY = "exactcall.state"
+
+
+def record_id(key: str) -> str:
+    """Workflow id of the record of ``key``."""
+    return f"exactcall-call-{key}"
+
+
+@workflow.defn(name=RECORD_WORKFLOW)
+class CallRecord:
+    """Holds the state of one key; attempts write markers to it as signals."""
+
+    def __init__(self) -> None:
+        self._state: RecordState | None = None
+        self._pending: list[RecordEvent] = []
+
+    @workflow.run
+    async def run(self, init: RecordInit) -> RecordState:
+        state = RecordState.start(init)
+        for ev in self._pending:
+            state = state.apply(ev)
+        self._state = state
+        self._pending.clear()
+        await workflow.wait_condition(lambda: self._state is not None and self._state.final)
+        assert self._state is not None
+        return self._state
+
+    @workflow.signal(name=MARK_SIGNAL)
+    def mark(self, ev: RecordEvent) -> None:
+        if self._state is None:
+            self._pending.append(ev)
+        else:
+            self._state = self._state.apply(ev)
+
+    @workflow.query(name=STATE_QUERY)
+    def state(self) -> RecordState | None:
+        return self._state

@@ -96,13 +96,14 @@ async def call(tool: Tool | str, /, *args: Any, key: str | None = None, **kwargs
     it the step is the tool's next ordinal in this workflow (``pay#1``, ``pay#2``). A tool
     that has its own parameter called ``key`` is called with :func:`call_with`.
     """
-    if key is not None and isinstance(tool, Tool) and "key" in tool.params:
+    t = resolve_tool(tool)
+    if key is not None and "key" in t.params:
         raise InvalidCall(
-            f"{tool.name} has its own parameter 'key', so exactcall.call(..., key=...) is "
+            f"{t.name} has its own parameter 'key', so exactcall.call(..., key=...) is "
             "ambiguous: use exactcall.call_with(tool, kwargs={'key': ...}, key=<step>)",
-            tool=tool.name,
+            tool=t.name,
         )
-    return await call_with(tool, args=args, kwargs=kwargs, key=key)
+    return await call_with(t, args=args, kwargs=kwargs, key=key)
 
 
 async def call_with(

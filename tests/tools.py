@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import activity
+from temporalio.common import RetryPolicy
 
 import exactcall
 
@@ -51,7 +52,11 @@ async def charge(bank: str, amount: int, customer: str) -> dict[str, Any]:
     return await asyncio.to_thread(post, bank, "/payments", body, exactcall.idempotency_headers())
 
 
-@exactcall.tool(heartbeat_timeout=FAST, not_executed_on=(BankUnavailable,))
+@exactcall.tool(
+    heartbeat_timeout=FAST,
+    not_executed_on=(BankUnavailable,),
+    retry_policy=RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=4),
+)
 def pay_or_retry(bank: str, amount: int, to: str, *, idempotency_key: str) -> dict[str, Any]:
     """A 503 from the bank means nothing happened: exactcall may retry it."""
     return post(bank, "/payments", {"amount": amount, "to": to, "memo": idempotency_key})

@@ -1,0 +1,158 @@
+"""Canonical identity of a call: the args hash and the derived key (pure, no server)."""
+
+from __future__ import annotations
+
+import dataclasses
+import decimal
+import hashlib
+import math
+from typing import Any
+
+import pydantic
+import pytest
+import rfc8785
+
+import exactcall
+from exactcall import InvalidCall
+
+
+@exactcall.tool(name="canon_pay")
+def canon_pay(amount: int, to: str, memo: str = "", *, meta: dict[str, Any] | None = None) -> None:
+    """Only used for hashing."""
+
+
+class Address(pydantic.BaseModel):
+    city: str
+    zip: str
+
+
+@dataclasses.dataclass
+class Line:
+    sku: str
+    qty: int
+
+
+@exactcall.tool(name="canon_ship")
+def canon_ship(to: Address, lines: list[Line], total: decimal.Decimal) -> None:
+    """Only used for hashing."""
+
+
+def test_spelling_defaults_and_key_order_do_not_change_the_hash() -> None:
+    h = exactcall.intent_hash(canon_pay, 10, "alice")
+    assert h == exactcall.intent_hash(canon_pay, to="alice", amount=10)
+    assert h == exactcall.intent_hash(canon_pay, 10, to="alice", memo="")
+    assert h == exactcall.intent_hash("canon_pay", amount=10, to="alice")
+    a = exactcall.intent_hash(canon_pay, 1, "x", meta={"a": 1, "b": [1, 2]})
+    assert a == exactcall.intent_hash(canon_pay, 1, "x", meta={"b": [1, 2], "a": 1})
+
+
+def test_different_values_change_the_hash() -> None:
+    base = exactcall.intent_hash(canon_pay, 10, "alice")
+    assert base != exactcall.intent_hash(canon_pay, 9999, "mallory")
+    assert base != exactcall.intent_hash(canon_pay, 10, "alice", "memo")
+    assert base != exactcall.intent_hash(canon_pay, 11, "alice")
+    assert exactcall.intent_hash(canon_pay, 1, "x", meta={"a": 1}) != exactcall.intent_hash(
+        canon_pay, 1, "x", meta={"a": "1"}
+    )
+
+
+def test_hash_formula_is_public_sha256_of_jcs() -> None:
+    expected = hashlib.sha256(
+        rfc8785.dumps(
+            {"tool": "canon_pay", "args": {"amount": 10, "to": "alice", "memo": "", "meta": None}}
+        )
+    ).hexdigest()
+    assert exactcall.intent_hash(canon_pay, 10, "alice") == expected
+
+
+def test_rich_values_are_canonicalised_like_their_json() -> None:
+    h1 = exactcall.intent_hash(
+        canon_ship, Address(city="Oslo", zip="0150"), [Line("a", 2)], decimal.Decimal("12.50")
+    )
+    h2 = exactcall.intent_hash(
+        canon_ship, {"zip": "0150", "city": "Oslo"}, [{"sku": "a", "qty": 2}], "12.50"
+    )
+    assert h1 == h2
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "needle"),
+    [
+        ((math.nan, "a"), {}, "not a JSON number"),
+        ((math.inf, "a"), {}, "not a JSON number"),
+        ((1, b"raw"), {}, "raw bytes"),
+        ((1, object()), {}, "not JSON-representable"),
+        ((1, "a"), {"meta": {1: "x"}}, "not a string"),
+        ((2**60, "a"), {}, "2**53"),
+        ((1,), {}, "missing a required argument"),
+        ((1, "a"), {"nope": 1}, "unexpected keyword"),
+        (("ten", "a"), {}, "does not fit its annotation"),
+    ],
+)
+def test_bad_input_is_refused_with_a_clear_error(
+    args: tuple[Any, ...], kwargs: dict[str, Any], needle: str
+) -> None:
+    with pytest.raises(InvalidCall) as err:
+        exactcall.intent_hash(canon_pay, *args, **kwargs)
+    assert needle in err.value.message
+    assert err.value.code == "InvalidCall"
+
+
+def test_unknown_tool_and_non_tool() -> None:
+    with pytest.raises(exactcall.UnknownTool, match="unknown tool 'nope'"):
+        exactcall.intent_hash("nope", 1)
+    with pytest.raises(exactcall.UnknownTool, match="not an exactcall tool"):
+        exactcall.intent_hash(len, 1)  # type: ignore[arg-type]
+
+
+def test_size_limit() -> None:
+    @exactcall.tool(name="canon_small", max_args_bytes=64)
+    def small(text: str) -> None: ...
+
+    exactcall.intent_hash(small, "x" * 10)
+    with pytest.raises(exactcall.ArgumentsTooLarge, match="over the limit of 64 bytes"):
+        exactcall.intent_hash(small, "x" * 100)
+    with pytest.raises(exactcall.ArgumentsTooLarge, match="262144"):
+        exactcall.intent_hash(canon_pay, 1, "x" * (300 * 1024))
+
+
+def test_idempotency_key_param_cannot_be_passed() -> None:
+    @exactcall.tool(name="canon_keyed")
+    def keyed(amount: int, *, idempotency_key: str) -> None: ...
+
+    assert exactcall.intent_hash(keyed, 1) == exactcall.intent_hash(keyed, amount=1)
+    with pytest.raises(InvalidCall, match="derived by exactcall"):
+        exactcall.intent_hash(keyed, 1, idempotency_key="mine")
+
+
+def test_derived_key_depends_on_namespace_workflow_step_tool_version_only() -> None:
+    k = exactcall.derive_key("default", "wf-1", "pay#1", "pay", "1")
+    assert k == exactcall.derive_key("default", "wf-1", "pay#1", "pay", "1")
+    for other in [
+        ("prod", "wf-1", "pay#1", "pay", "1"),
+        ("default", "wf-2", "pay#1", "pay", "1"),
+        ("default", "wf-1", "pay#2", "pay", "1"),
+        ("default", "wf-1", "pay#1", "refund", "1"),
+        ("default", "wf-1", "pay#1", "pay", "2"),
+    ]:
+        assert exactcall.derive_key(*other) != k
+    assert (
+        k
+        == hashlib.sha256(
+            rfc8785.dumps(["exactcall.key/v1", "default", "wf-1", "pay#1", "pay", "1"])
+        ).hexdigest()
+    )
+
+
+def test_tool_names_must_be_unique() -> None:
+    with pytest.raises(ValueError, match="two exactcall tools are named 'canon_pay'"):
+
+        @exactcall.tool(name="canon_pay")
+        def other(x: int) -> None: ...
+
+
+def test_star_args_are_refused_at_declaration() -> None:
+    with pytest.raises(TypeError, match=r"\*rest is not supported"):
+
+        @exactcall.tool(name="canon_star")
+        def star(*rest: int) -> None: ...

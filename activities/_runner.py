@@ -97,6 +97,7 @@ class Attempt:
 
     # -- deciding -------------------------------------------------------------------------
     async def _settle(self) -> Any:
+        maybe_crash("before_claim", self.intent.tool, self.info.attempt)
         if self.previous_phase == "done":
             return await self._finish_recording()
         if await self.record.claim(self.owner, self.info.attempt):
@@ -136,7 +137,8 @@ class Attempt:
             self.log.info("tool.recall_same_key", reason="provider-idempotent")
             await self._mark("calling")
             return await self._call()
-        waited = await self.record.wait_done(self.tool.options.heartbeat_timeout)
+        async with self._keepalive({"phase": "calling", "attempt": self.info.attempt}):
+            waited = await self.record.wait_done(self.tool.options.heartbeat_timeout)
         if waited is not None and waited.state.final:
             return self._recorded(waited)
         reason = (
@@ -170,8 +172,8 @@ class Attempt:
 
     # -- calling ----------------------------------------------------------------------------
     async def _call(self) -> Any:
-        await self._beat({"phase": "calling", "attempt": self.info.attempt})
         maybe_crash("before_call", self.intent.tool, self.info.attempt)
+        await self._beat({"phase": "calling", "attempt": self.info.attempt})
         try:
             result = await self._invoke(beat_phase="calling")
         except Exception as exc:

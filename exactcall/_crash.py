@@ -1,8 +1,9 @@
 """Crash points for crash tests: kill this worker process with SIGKILL at a named point.
 
 Set ``EXACTCALL_CRASH_AT`` to a comma-separated list of ``tool:point[:attempt]`` (``*`` for any
-tool) before the worker starts. Points: ``before_call`` (the pre-call marker is written, the
-tool is not called yet), ``after_call`` (the tool returned, its result is not recorded yet),
+tool) before the worker starts. Points: ``before_claim`` (nothing written yet),
+``before_call`` (the key's record is claimed, the pre-call heartbeat is not written yet: the
+last moment at which "not called" is still provable), ``after_call`` (the tool returned, its result is not recorded yet),
 ``after_record`` (the result is recorded, the activity has not completed yet). Unset, it costs
 one dictionary lookup.
 """
@@ -16,7 +17,7 @@ import sys
 __all__ = ["CRASH_ENV", "POINTS", "maybe_crash"]
 
 CRASH_ENV = "EXACTCALL_CRASH_AT"
-POINTS = ("before_call", "after_call", "after_record")
+POINTS = ("before_claim", "before_call", "after_call", "after_record")
 
 
 def _parse(spec: str) -> list[tuple[str, str, int | None]]:

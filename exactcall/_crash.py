@@ -1,11 +1,11 @@
 """Crash points for crash tests: kill this worker process with SIGKILL at a named point.
 
-Set ``EXACTCALL_CRASH_AT`` to a comma-separated list of ``tool:point[:attempt]`` (``*`` for any
-tool) before the worker starts. Points: ``before_claim`` (nothing written yet),
+Set ``EXACTCALL_CRASH_AT`` to a comma-separated list of ``tool:point[:attempt]`` (``*`` for
+any tool) before the worker starts. Points: ``before_claim`` (nothing written yet),
 ``before_call`` (the key's record is claimed, the pre-call heartbeat is not written yet: the
-last moment at which "not called" is still provable), ``after_call`` (the tool returned, its result is not recorded yet),
-``after_record`` (the result is recorded, the activity has not completed yet). Unset, it costs
-one dictionary lookup.
+last moment at which "not called" is still provable), ``after_call`` (the tool returned, its
+result is not recorded yet), ``after_record`` (the result is recorded, the activity has not
+completed yet). Unset, it costs one environment lookup.
 """
 
 from __future__ import annotations

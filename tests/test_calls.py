@@ -235,7 +235,7 @@ async def test_sync_tool_blocking_longer_than_heartbeat_timeout_runs_once(
 
 async def test_worker_without_plugin_is_refused(client: Client, tq: str) -> None:
     plain = await Client.connect(client.service_client.config.target_host)
-    with pytest.raises(exactcall.ExactcallError, match="put exactcall.Plugin"):
+    with pytest.raises(exactcall.ExactcallError, match=r"put exactcall\.Plugin"):
         Worker(plain, task_queue=tq, workflows=[Uncaught], plugins=[exactcall.Plugin()])
 
 

@@ -28,6 +28,7 @@ from temporalio import activity
 from temporalio.client import AsyncActivityHandle
 from temporalio.exceptions import ApplicationError
 
+from exactcall._approval import ApprovalMissing
 from exactcall._canonical import args_hash, derive_key, to_json_value
 from exactcall._context import running
 from exactcall._crash import maybe_crash
@@ -313,6 +314,23 @@ class Attempt:
                 "the intent handed to this activity does not match its own arguments "
                 "(edited history or a bug); nothing was executed",
                 **self._fields(expected_hash=expect_hash, expected_key=expect_key),
+            )
+        self._check_approval(expect_hash)
+
+    def _check_approval(self, actual_hash: str) -> None:
+        """The hash about to run must be the approved hash, if the call needs approval."""
+        i = self.intent
+        rule = self.tool.options.approval
+        needed = bool(rule) if not callable(rule) or rule is True else bool(rule(i))
+        if i.approval is None and not needed:
+            return
+        if i.approval is None or i.approval.args_hash != actual_hash:
+            approved = i.approval.args_hash if i.approval else None
+            self.log.error("approval.mismatch_at_effect", approved_hash=approved)
+            raise ApprovalMissing(
+                f"{i.tool} {i.step} is about to run args hash {actual_hash}, but the approved "
+                f"hash is {approved}; refusing to run it",
+                **self._fields(approved_hash=approved),
             )
 
     def _fields(self, **extra: Any) -> dict[str, Any]:

@@ -37,8 +37,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from exactcall.workflows import RECORD_WORKFLOW, CallRecord
+from exactcall.workflows import MARK_SIGNAL, RECORD_WORKFLOW, CallRecord
 from temporalio import workflow
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 
 from exactcall._model import Intent, RecordInit, RecordState
 
@@ -107,10 +108,47 @@ def log(msg: str = "") -> None:
 
 # -- runs ----------------------------------------------------------------------------------
 @dataclass
+class CpuMeter:
+    """CPU time of this process (every thread: asyncio, workflow threads, the Rust core) and
+    of the dev server, minus what each burns when idle (pollers, the server's own loops)."""
+
+    server_pid: int | None
+    idle_process: float = 0.0  # CPU seconds per wall second, idle
+    idle_server: float = 0.0
+
+    def snap(self) -> tuple[float, float, float | None]:
+        return time.perf_counter(), time.process_time(), server_cpu_s(self.server_pid)
+
+    async def calibrate(self, seconds: float = 2.0) -> None:
+        before = self.snap()
+        await asyncio.sleep(seconds)
+        after = self.snap()
+        wall = after[0] - before[0]
+        self.idle_process = (after[1] - before[1]) / wall
+        if before[2] is not None and after[2] is not None:
+            self.idle_server = (after[2] - before[2]) / wall
+
+    def per_op_ms(self, before: tuple, after: tuple, ops: int) -> dict[str, float]:
+        wall = after[0] - before[0]
+        out = {
+            "cpu_ms_per_call_process": (after[1] - before[1] - self.idle_process * wall)
+            * 1000
+            / ops,
+            "cpu_ms_per_call_process_raw": (after[1] - before[1]) * 1000 / ops,
+        }
+        if before[2] is not None and after[2] is not None:
+            out["cpu_ms_per_call_server"] = (
+                (after[2] - before[2] - self.idle_server * wall) * 1000 / ops
+            )
+            out["cpu_ms_per_call_server_raw"] = (after[2] - before[2]) * 1000 / ops
+        return out
+
+
+@dataclass
 class Bench:
     client: Any
     task_queue: str
-    server_pid: int | None
+    meter: CpuMeter
     timeout: float = 120.0  # per workflow: a stuck run fails the bench instead of hanging it
 
     def workflow(self, mode: str) -> Any:
@@ -135,21 +173,13 @@ class Bench:
     ) -> dict[str, Any]:
         """``m`` one-call workflows started at once; wall time to the last result. CPU is
         counted until ``settle`` seconds after it (work deferred past the last result)."""
-        cpu0, srv0 = time.process_time(), server_cpu_s(self.server_pid)
-        t0 = time.perf_counter()
+        before = self.meter.snap()
         await asyncio.gather(*(self.run_one(mode, 1, task_queue) for _ in range(m)))
-        wall = time.perf_counter() - t0
+        wall = time.perf_counter() - before[0]
         if settle:
             await asyncio.sleep(settle)
-        cpu1, srv1 = time.process_time(), server_cpu_s(self.server_pid)
-        out: dict[str, Any] = {
-            "wall_s": wall,
-            "calls_per_s": m / wall,
-            "cpu_ms_per_call_process": (cpu1 - cpu0) * 1000 / m,
-        }
-        if srv0 is not None and srv1 is not None:
-            out["cpu_ms_per_call_server"] = (srv1 - srv0) * 1000 / m
-        return out
+        cpu = self.meter.per_op_ms(before, self.meter.snap(), m)
+        return {"wall_s": wall, "calls_per_s": m / wall, **cpu}
 
 
 async def measure(b: Bench, args: argparse.Namespace) -> dict[str, Any]:
@@ -358,7 +388,6 @@ def timed_activity_factory() -> Callable[[Any, Variant, Sink], Callable[..., Awa
     from exactcall.activities._records import Record
     from exactcall.activities._runner import Attempt
     from temporalio import activity
-    from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
     from temporalio.exceptions import WorkflowAlreadyStartedError
 
     class TimedRecord(Record):
@@ -472,31 +501,40 @@ def timed_activity_factory() -> Callable[[Any, Variant, Sink], Callable[..., Awa
     return timed_activity
 
 
+def sample_intent(i: int, task_queue: str) -> Intent:
+    """The intent exactcall.call builds for ``ec_work(i)`` (what intent_of does)."""
+    import exactcall
+    from exactcall._canonical import args_hash, derive_key
+
+    t = exactcall.get_tool("ec_work")
+    canonical = t.canonical_args((i,), {})
+    wid = f"bench-exactcall-{i:032x}"
+    return Intent(
+        tool=t.name,
+        tool_version=t.version,
+        args=canonical,
+        args_hash=args_hash(t.name, canonical),
+        namespace="default",
+        workflow_id=wid,
+        workflow_type="ExactCalls",
+        step=f"ec_work#{i}",
+        key=derive_key("default", wid, f"ec_work#{i}", t.name, t.version),
+        record_task_queue=task_queue,
+    )
+
+
 def pure_costs(iterations: int = 2000) -> dict[str, float]:
     """µs per call of pure code exactcall adds: in the workflow, the payload, the log line."""
     import structlog
     from temporalio.contrib.pydantic import pydantic_data_converter
 
     import exactcall
-    from exactcall._canonical import args_hash, derive_key
 
     t = exactcall.get_tool("ec_work")
     conv = pydantic_data_converter.payload_converter
 
     def intent(i: int) -> Intent:
-        canonical = t.canonical_args((i,), {})
-        return Intent(
-            tool=t.name,
-            tool_version=t.version,
-            args=canonical,
-            args_hash=args_hash(t.name, canonical),
-            namespace="default",
-            workflow_id="bench-exactcall-0123456789abcdef",
-            workflow_type="ExactCalls",
-            step=f"ec_work#{i}",
-            key=derive_key("default", "bench-wf", f"ec_work#{i}", t.name, t.version),
-            record_task_queue="bench-tq",
-        )
+        return sample_intent(i, "bench-tq")
 
     def timed(fn: Callable[[int], Any], n: int = iterations) -> float:
         t0 = time.perf_counter()
@@ -518,13 +556,67 @@ def pure_costs(iterations: int = 2000) -> dict[str, float]:
         ).info("tool.executed")
 
     return {
-        "intent_of: canonical args + hash + key + Intent (us)": timed(intent),
+        "intent_of: canonical args, hash, key, Intent (us)": timed(intent),
         "encode Intent payload (us)": timed(lambda i: conv.to_payloads([sample])),
         "encode int payload, bare (us)": timed(lambda i: conv.to_payloads([i])),
         "Intent payload (bytes)": float(len(conv.to_payloads([sample])[0].data)),
         "return adapter (dict) (us)": timed(lambda i: t.return_adapter().validate_python({})),
         "one INFO log line, as configured (us)": timed(log_line, 500),
     }
+
+
+async def rpc_costs(client: Any, meter: CpuMeter, n: int = 200) -> dict[str, dict[str, float]]:
+    """Latency and CPU of the RPCs a call adds, one at a time, with no worker on the queue:
+    the record start exactly as Record.claim sends it, a bare start, and the marker signal."""
+    from exactcall._model import Owner, RecordEvent
+
+    tq = f"bench-noworker-{uuid.uuid4().hex[:8]}"
+    owner = Owner(run_id="bench-run", activity_id="ec_work#1")
+    ids = [f"bench-rpc-{uuid.uuid4().hex}" for _ in range(n)]
+
+    def init(i: int) -> RecordInit:
+        return RecordInit(intent=sample_intent(i, tq), owner=owner, attempt=1)
+
+    async def claim(i: int) -> None:
+        intent = init(i).intent
+        await client.start_workflow(
+            RECORD_WORKFLOW,
+            init(i),
+            id=ids[i],
+            task_queue=tq,
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+            memo={
+                "tool": intent.tool,
+                "step": intent.step,
+                "workflow_id": intent.workflow_id,
+                "args_hash": intent.args_hash,
+            },
+            static_summary=f"{intent.tool} {intent.step} of {intent.workflow_id}",
+        )
+
+    async def plain_start(i: int) -> None:
+        await client.start_workflow(RECORD_WORKFLOW, init(i), id=ids[i] + "-p", task_queue=tq)
+
+    async def signal(i: int) -> None:
+        event = RecordEvent(kind="done", owner=owner, attempt=1, result={"n": i})
+        await client.get_workflow_handle(ids[i]).signal(MARK_SIGNAL, event)
+
+    out: dict[str, dict[str, float]] = {}
+    for name, op in (
+        ("start record wf, as Record.claim", claim),
+        ("start record wf, no memo/summary", plain_start),
+        ("signal a marker, as Record.mark", signal),
+    ):
+        lat: list[float] = []
+        before = meter.snap()
+        for i in range(n):
+            t0 = time.perf_counter()
+            await op(i)
+            lat.append(time.perf_counter() - t0)
+        cpu = meter.per_op_ms(before, meter.snap(), n)
+        out[name] = {"p50_ms": summary_ms(lat)["p50"], **cpu}
+    return out
 
 
 async def profile(args: argparse.Namespace, address: str, server_pid: int | None) -> dict:
@@ -561,7 +653,8 @@ async def profile(args: argparse.Namespace, address: str, server_pid: int | None
                 build_worker(client, vtq, [ExactCalls], activities=[timed_activity(tool, v, sink)])
             )
             configs[v.name] = (vtq, "exactcall", sink, client)
-        b = Bench(main_client, tq, server_pid)
+        b = Bench(main_client, tq, CpuMeter(server_pid))
+        await b.meter.calibrate()
         labels = list(configs)
 
         def rotated(i: int) -> list[str]:
@@ -631,7 +724,10 @@ async def profile(args: argparse.Namespace, address: str, server_pid: int | None
                 gc.collect()
                 conc[label].append(await b.concurrent(mode, m, tq_, settle=settle))
 
+        rpcs = await rpc_costs(main_client, b.meter) if server_pid is not None else {}
+
     return {
+        "rpc_costs": rpcs,
         "sequential_s": seq,
         "k_workflow_s_per_call": kwf,
         "stages_ms": stages,
@@ -683,6 +779,13 @@ def print_profile(p: dict[str, Any], args: argparse.Namespace) -> None:
             f"  {label:<28} phase {c['phase_after_call']}, closed {c['closed_after_call']} "
             f"right after the call, closed {c['closed_after_settle']} later"
         )
+    if p["rpc_costs"]:
+        log("\nRPCs one at a time, no worker on the queue (p50 ms; CPU ms per RPC)")
+        for name, r in p["rpc_costs"].items():
+            log(
+                f"  {name:<36} {r['p50_ms']:6.2f}   cpu proc {r['cpu_ms_per_call_process']:5.2f}"
+                f"   server {r.get('cpu_ms_per_call_server', float('nan')):5.2f}"
+            )
     log("\npure code, outside a workflow (per call)")
     for k, v in p["pure_costs"].items():
         log(f"  {k:<52} {v:9.1f}")
@@ -795,7 +898,13 @@ async def amain(args: argparse.Namespace) -> int:
             worker = build_worker(client, tq, [BareCalls, ExactCalls], activities=[bare_work])
             t0 = time.perf_counter()
             async with worker:
-                raw = await measure(Bench(client, tq, server_pid), args)
+                bench = Bench(client, tq, CpuMeter(server_pid))
+                await bench.meter.calibrate()
+                raw = await measure(bench, args)
+                raw["idle_cpu_per_s"] = {
+                    "process": bench.meter.idle_process,
+                    "server": bench.meter.idle_server,
+                }
             rows = summarise(raw, args)
             log(f"\nmeasured in {time.perf_counter() - t0:.0f}s; memory: {MEMORY_METHOD}\n")
             print_table(rows)

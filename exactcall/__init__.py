@@ -13,6 +13,7 @@ knows what the previous one did; a call that may have happened is never re-run b
     receipt = await exactcall.call(pay, amount=10, to="alice")
 """
 
+from ._approval import ApprovalDenied, ApprovalExpired, ApprovalMissing
 from ._call import call, call_with
 from ._canonical import args_hash, canonical_json, derive_key, to_json_value
 from ._context import current_intent, idempotency_headers, idempotency_key
@@ -36,6 +37,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AmbiguousOutcome",
+    "ApprovalDenied",
+    "ApprovalExpired",
+    "ApprovalMissing",
     "ArgumentsTooLarge",
     "ExactcallError",
     "Intent",

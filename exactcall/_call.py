@@ -8,22 +8,13 @@ key, so concurrent calls with one key execute once.
 from __future__ import annotations
 
 import asyncio
-import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import pydantic
 from temporalio import workflow
-from temporalio.api.common.v1 import Payload
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
-from temporalio.worker import (
-    ContinueAsNewInput,
-    ExecuteWorkflowInput,
-    WorkflowInboundInterceptor,
-    WorkflowOutboundInterceptor,
-)
 
 from ._canonical import args_hash, derive_key
 from ._errors import (
@@ -32,61 +23,24 @@ from ._errors import (
     IntentConflict,
     InvalidCall,
     NotExecuted,
-    PluginNotInstalled,
     ToolFailed,
     error_from_failure,
 )
 from ._model import Intent
 from ._tool import Tool, resolve_tool
+from ._wait import needs_approval, wait_for_approval
+from ._wfstate import Flight, state
 
-__all__ = ["CARRY_HEADER", "WorkflowInterceptor", "call", "call_with", "intent_of"]
+__all__ = ["call", "call_with", "intent_of"]
 
-CARRY_HEADER = "exactcall-ordinals"
 MAX_KEY_LENGTH = 200
-_NON_RETRYABLE = ["AmbiguousOutcome", "IntentConflict", "InvalidCall", "ResultNotSerializable"]
-
-
-@dataclass
-class _Flight:
-    intent: Intent
-    task: asyncio.Task[Any]
-
-
-@dataclass
-class _WorkflowState:
-    ordinals: dict[str, int] = field(default_factory=dict)
-    flights: dict[str, _Flight] = field(default_factory=dict)
-
-    def next_step(self, tool: str) -> str:
-        n = self.ordinals.get(tool, 0) + 1
-        self.ordinals[tool] = n
-        return f"{tool}#{n}"
-
-
-_STATES: weakref.WeakKeyDictionary[Any, _WorkflowState] = weakref.WeakKeyDictionary()
-_ACTIVE: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-def _state() -> _WorkflowState:
-    inst = workflow.instance()
-    st = _STATES.get(inst)
-    if st is None:
-        if inst not in _ACTIVE:
-            raise PluginNotInstalled(
-                "exactcall.call ran on a worker without exactcall.Plugin(): add "
-                "plugins=[exactcall.Plugin()] to the Client or the Worker"
-            )
-        st = _WorkflowState(ordinals=_carried_ordinals())
-        _STATES[inst] = st
-    return st
-
-
-def _carried_ordinals() -> dict[str, int]:
-    payload = workflow.info().headers.get(CARRY_HEADER)
-    if payload is None:
-        return {}
-    carried = workflow.payload_converter().from_payload(payload, dict[str, int])
-    return dict(carried)
+_NON_RETRYABLE = [
+    "AmbiguousOutcome",
+    "IntentConflict",
+    "InvalidCall",
+    "ResultNotSerializable",
+    "ApprovalMissing",
+]
 
 
 async def call(tool: Tool | str, /, *args: Any, key: str | None = None, **kwargs: Any) -> Any:
@@ -122,12 +76,12 @@ async def call_with(
         )
     t = resolve_tool(tool)
     intent = intent_of(t, args, kwargs or {}, key)
-    st = _STATES[workflow.instance()]
+    st = state()
     if t.options.read_only:
         return _typed(t, await _execute(t, intent))
     flight = st.flights.get(intent.key)
     if flight is None:
-        flight = _Flight(intent, asyncio.ensure_future(_execute(t, intent)))
+        flight = Flight(intent, asyncio.ensure_future(_approved_then_execute(t, intent)))
         st.flights[intent.key] = flight
     elif flight.intent.args_hash != intent.args_hash:
         raise IntentConflict(
@@ -146,7 +100,7 @@ async def call_with(
 def intent_of(t: Tool, args: Sequence[Any], kwargs: Mapping[str, Any], key: str | None) -> Intent:
     """Build (and validate) the intent of a call from inside a workflow."""
     canonical = t.canonical_args(args, kwargs)
-    st = _state()
+    st = state()
     step = st.next_step(t.name) if key is None else _check_key(key)
     info = workflow.info()
     return Intent(
@@ -170,6 +124,13 @@ def _check_key(key: Any) -> str:
             f"key={key!r}: a step key is a non-empty string of at most {MAX_KEY_LENGTH} characters",
         )
     return key
+
+
+async def _approved_then_execute(t: Tool, intent: Intent) -> Any:
+    if needs_approval(t, intent):
+        grant = await wait_for_approval(t, intent)
+        intent = intent.model_copy(update={"approval": grant})
+    return await _execute(t, intent)
 
 
 async def _execute(t: Tool, intent: Intent) -> Any:
@@ -239,30 +200,3 @@ def _typed(t: Tool, value: Any) -> Any:
             "exactcall: %s result does not fit its return annotation; returned as JSON", t.name
         )
         return value
-
-
-# -- interceptor ----------------------------------------------------------------------------
-class _Inbound(WorkflowInboundInterceptor):
-    def init(self, outbound: WorkflowOutboundInterceptor) -> None:
-        super().init(_Outbound(outbound))
-
-    async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
-        _ACTIVE.add(workflow.instance())
-        return await super().execute_workflow(input)
-
-
-class _Outbound(WorkflowOutboundInterceptor):
-    def continue_as_new(self, input: ContinueAsNewInput) -> Any:
-        st = _STATES.get(workflow.instance())
-        if st is not None and st.ordinals:
-            carried: Payload = workflow.payload_converter().to_payload(st.ordinals)
-            input.headers = {**input.headers, CARRY_HEADER: carried}
-        return super().continue_as_new(input)
-
-
-class WorkflowInterceptor:
-    """Provides the per-workflow state (``workflow_interceptor_class``)."""
-
-    @staticmethod
-    def inbound_class() -> type[WorkflowInboundInterceptor]:
-        return _Inbound

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from ._approval import ApprovalGrant
+
 __all__ = ["Intent", "Owner", "RecordEvent", "RecordInit", "RecordState"]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -38,6 +40,8 @@ class Intent(BaseModel):
     explicit_key: bool = False
     record_task_queue: str
     """Task queue of the calling workflow: exactcall's own workflows run there."""
+    approval: ApprovalGrant | None = None
+    """The approval this call runs under, when it needed one (checked again at the effect)."""
 
 
 class Owner(BaseModel):

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
+import structlog
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import (
+    AddSearchAttributesRequest,
+    ListSearchAttributesRequest,
+)
+from temporalio.client import Client
 from temporalio.contrib.pydantic import PydanticPayloadConverter, pydantic_data_converter
 from temporalio.converter import DataConverter
 from temporalio.plugin import SimplePlugin
+from temporalio.service import RPCError
 from temporalio.worker import (
     Interceptor,
     WorkerConfig,
@@ -21,25 +30,32 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 from exactcall.activities import tool_activity
 from exactcall.workflows import CallRecord
 
-from ._call import WorkflowInterceptor
+from ._approval import PENDING_ATTRIBUTE, ed25519_verifier
 from ._errors import ExactcallError
 from ._tool import Tool, registered_tools
+from ._wfstate import WorkflowConfig, inbound_class
 
-__all__ = ["Plugin"]
+__all__ = ["Plugin", "ensure_pending_attribute"]
+
+log = structlog.get_logger("exactcall")
 
 # Modules passed through the workflow sandbox, and why:
 _PASSTHROUGH = (
     "exactcall",  # one tool registry and one set of error classes for the whole worker
     "structlog",  # imported by exactcall modules; workflows log through workflow.logger only
     "rfc8785",  # pure canonical-JSON encoder, no state
+    "cryptography",  # Ed25519 verification of signed approvals (C extension, pure function)
 )
 
 
 class _Interceptor(Interceptor):
+    def __init__(self, config: WorkflowConfig) -> None:
+        self._inbound = inbound_class(config)
+
     def workflow_interceptor_class(
         self, input: WorkflowInterceptorClassInput
     ) -> type[WorkflowInboundInterceptor] | None:
-        return WorkflowInterceptor.inbound_class()
+        return self._inbound
 
 
 class Plugin(SimplePlugin):
@@ -54,16 +70,34 @@ class Plugin(SimplePlugin):
       workflow instead of retrying its task forever).
     """
 
-    def __init__(self, tools: Sequence[Tool] | None = None) -> None:
+    def __init__(
+        self,
+        tools: Sequence[Tool] | None = None,
+        *,
+        approver_keys: Mapping[str, Any] | None = None,
+        pending_search_attribute: bool = True,
+    ) -> None:
+        """``approver_keys``: approver name -> Ed25519 public key (PEM, raw bytes or key
+        object); when given, only decisions signed by those keys are accepted.
+        ``pending_search_attribute``: mirror pending approvals into the ``ExactcallPending``
+        Bool search attribute (for ``exactcall approvals list``); needs it registered on the
+        cluster. Keep both the same on every worker and replayer."""
         self._tools = list(tools) if tools is not None else None
+        config = WorkflowConfig(
+            verifier=ed25519_verifier(approver_keys) if approver_keys else None,
+            pending_attribute=pending_search_attribute,
+        )
+        self.workflow_config = config
+        self._worker_client: Client | None = None
         super().__init__(
             "exactcall.Plugin",
             data_converter=_data_converter,
-            interceptors=[_Interceptor()],
+            interceptors=[_Interceptor(config)],
             activities=self._activities,
             workflows=[CallRecord],
             workflow_runner=_workflow_runner,
             workflow_failure_exception_types=[ExactcallError],
+            run_context=self._run_context,
         )
 
     @property
@@ -75,14 +109,55 @@ class Plugin(SimplePlugin):
     ) -> list[Callable[..., Any]]:
         return [*(existing or []), *(tool_activity(t) for t in self.tools)]
 
+    @contextlib.asynccontextmanager
+    async def _run_context(self) -> AsyncIterator[None]:
+        client = self._worker_client
+        if (
+            client is not None
+            and self.workflow_config.pending_attribute
+            and any(t.options.approval for t in self.tools)
+        ):
+            await ensure_pending_attribute(client)
+        yield
+
     def configure_worker(self, config: WorkerConfig) -> WorkerConfig:
         client = config.get("client")
+        self._worker_client = client
         if client is not None and not _is_pydantic(client.data_converter):
             raise ExactcallError(
                 "the worker's client does not use the pydantic data converter: put "
                 "exactcall.Plugin() on Client.connect(plugins=[...]) rather than on the Worker"
             )
         return super().configure_worker(config)
+
+
+async def ensure_pending_attribute(client: Client) -> None:
+    """Register the ExactcallPending search attribute if the cluster lacks it."""
+    ns = client.namespace
+    try:
+        resp = await client.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace=ns)
+        )
+    except RPCError as exc:  # e.g. Temporal Cloud: registered through its own console/API
+        log.warning("approvals.search_attribute_unchecked", error=str(exc))
+        return
+    if PENDING_ATTRIBUTE in resp.custom_attributes:
+        return
+    try:
+        await client.operator_service.add_search_attributes(
+            AddSearchAttributesRequest(
+                namespace=ns,
+                search_attributes={PENDING_ATTRIBUTE: IndexedValueType.INDEXED_VALUE_TYPE_BOOL},
+            )
+        )
+    except RPCError as exc:
+        raise ExactcallError(
+            f"the {PENDING_ATTRIBUTE} search attribute is not registered in namespace {ns!r} "
+            f"and could not be added ({exc}). Register it: temporal operator search-attribute "
+            f"create --namespace {ns} --name {PENDING_ATTRIBUTE} --type Bool (or pass "
+            "exactcall.Plugin(pending_search_attribute=False) on every worker)"
+        ) from exc
+    log.info("approvals.search_attribute_registered", name=PENDING_ATTRIBUTE, namespace=ns)
 
 
 def _is_pydantic(conv: DataConverter) -> bool:

@@ -33,6 +33,7 @@ __all__ = [
 ]
 
 DEFAULT_MAX_ARGS_BYTES = 256 * 1024
+DEFAULT_APPROVAL_TIMEOUT = timedelta(hours=24)
 KEY_PARAM = "idempotency_key"
 
 DEFAULT_RETRY_POLICY = RetryPolicy(
@@ -68,6 +69,17 @@ class ToolOptions:
     """Exception types that mean "it did not happen" (retryable), besides NotExecuted."""
     max_args_bytes: int = DEFAULT_MAX_ARGS_BYTES
     """Calls whose canonical arguments are larger than this are refused before running."""
+    approval: bool | Callable[[Any], bool] = False
+    """True, or a policy ``(intent) -> bool`` (deterministic: it runs in the workflow): the
+    call waits for a person to approve its exact arguments."""
+    approval_timeout: timedelta = DEFAULT_APPROVAL_TIMEOUT
+    """How long a request waits before it ends as ApprovalExpired."""
+    approvers: frozenset[str] | None = None
+    """Only these names may approve (None: anyone)."""
+    min_approvals: int = 1
+    """Distinct approvers needed (M of N)."""
+    requester_may_approve: bool = True
+    """False: the workflow's requester (memo ``exactcall.requested_by``) cannot approve."""
 
 
 @dataclass(eq=False)
@@ -300,6 +312,11 @@ def tool(
     retry_policy: RetryPolicy | None = None,
     not_executed_on: Sequence[type[BaseException]] = (),
     max_args_bytes: int = DEFAULT_MAX_ARGS_BYTES,
+    approval: bool | Callable[[Any], bool] = False,
+    approval_timeout: timedelta = DEFAULT_APPROVAL_TIMEOUT,
+    approvers: Sequence[str] | None = None,
+    min_approvals: int = 1,
+    requester_may_approve: bool = True,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 def tool(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
     """Declare a side-effecting (or, with ``read_only=True``, a read-only) tool.
@@ -324,6 +341,12 @@ def _options(f: Callable[..., Any], options: dict[str, Any]) -> ToolOptions:
     if not isinstance(opts["name"], str) or not opts["name"]:
         raise TypeError("exactcall.tool(name=...) must be a non-empty string")
     opts["version"] = str(opts.get("version", "1"))
+    if "approvers" in opts:
+        opts["approvers"] = frozenset(opts["approvers"])
+    if opts.get("min_approvals", 1) < 1:
+        raise TypeError("exactcall.tool(min_approvals=...) must be at least 1")
+    if opts.get("read_only") and opts.get("approval"):
+        raise TypeError("a read_only tool cannot need approval (it changes nothing)")
     return ToolOptions(**opts)
 
 

@@ -23,10 +23,10 @@ from exactcall._server import DevServer
 from exactcall._worker import Connection, build_worker, connect
 from exactcall.demo.bank import Bank
 from tests import tools
-from tests.workflows import Agent, BareAgent, Rounds, Uncaught
+from tests.workflows import Agent, BareAgent, Forge, Rounds, Uncaught
 
 ROOT = Path(__file__).resolve().parent.parent
-WORKFLOWS = [Agent, Uncaught, Rounds, BareAgent]
+WORKFLOWS = [Agent, Uncaught, Rounds, BareAgent, Forge]
 ACTIVITIES = [tools.bare_pay]
 
 

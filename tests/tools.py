@@ -118,3 +118,36 @@ def pay_versioned(bank: str, amount: int, to: str) -> dict[str, Any]:
 def bare_pay(bank: str, amount: int, to: str) -> dict[str, Any]:
     """A plain Temporal activity with no exactcall: what most agents do today."""
     return post(bank, "/payments", {"amount": amount, "to": to})
+
+
+@exactcall.tool(approval=True, heartbeat_timeout=FAST)
+def transfer(bank: str, amount: int, to: str) -> dict[str, Any]:
+    """Needs a person's approval of its exact arguments."""
+    return post(bank, "/payments", {"amount": amount, "to": to})
+
+
+def over_100(intent: exactcall.Intent) -> bool:
+    return int(intent.args["amount"]) > 100
+
+
+@exactcall.tool(approval=over_100, heartbeat_timeout=FAST)
+def refund(bank: str, amount: int, to: str) -> dict[str, Any]:
+    """Needs approval only above 100."""
+    return post(bank, "/payments", {"amount": amount, "to": to})
+
+
+@exactcall.tool(approval=True, approval_timeout=timedelta(seconds=2), heartbeat_timeout=FAST)
+def hasty_transfer(bank: str, amount: int, to: str) -> dict[str, Any]:
+    return post(bank, "/payments", {"amount": amount, "to": to})
+
+
+@exactcall.tool(
+    approval=True,
+    approvers=["alice", "bob", "carol"],
+    min_approvals=2,
+    requester_may_approve=False,
+    heartbeat_timeout=FAST,
+)
+def wire(bank: str, amount: int, to: str) -> dict[str, Any]:
+    """Two of alice, bob and carol must approve, and never the requester."""
+    return post(bank, "/payments", {"amount": amount, "to": to})

@@ -39,6 +39,9 @@ class Agent:
     @workflow.run
     async def run(self, plan: dict[str, Any]) -> list[dict[str, Any]]:
         steps = plan["steps"]
+        if plan.get("wait_first"):
+            await workflow.wait_condition(lambda: self._go)
+            self._go = False
         if plan.get("concurrent"):
             out = list(await asyncio.gather(*(_one(s) for s in steps)))
         else:
@@ -91,4 +94,18 @@ class BareAgent:
             start_to_close_timeout=timedelta(seconds=30),
             heartbeat_timeout=timedelta(seconds=2),
             retry_policy=RetryPolicy(initial_interval=timedelta(milliseconds=200)),
+        )
+
+
+@workflow.defn
+class Forge:
+    """Schedules a tool activity with a hand-made intent (an edited history, or a bug)."""
+
+    @workflow.run
+    async def run(self, intent: exactcall.Intent) -> Any:
+        return await workflow.execute_activity(
+            intent.tool,
+            intent,
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_attempts=1),
         )

@@ -1,0 +1,92 @@
+"""Waiting for a person inside the workflow: request, pre-approval, decision, expiry."""
+
+from __future__ import annotations
+
+from temporalio import workflow
+
+from ._approval import (
+    REQUESTED_BY_MEMO,
+    ApprovalDenied,
+    ApprovalExpired,
+    ApprovalGrant,
+    ApprovalRequest,
+)
+from ._errors import ExactcallError
+from ._model import Intent
+from ._tool import Tool
+from ._wfstate import state
+
+__all__ = ["needs_approval", "wait_for_approval"]
+
+
+def needs_approval(t: Tool, intent: Intent) -> bool:
+    """Whether this call waits for a person: ``approval=True``, or the tool's policy says so."""
+    rule = t.options.approval
+    if rule is True:
+        return True
+    if not rule:
+        return False
+    try:
+        return bool(rule(intent))
+    except Exception as exc:
+        raise ExactcallError(
+            f"the approval policy of {t.name} raised {type(exc).__name__}: {exc}",
+            tool=t.name,
+            step=intent.step,
+        ) from exc
+
+
+async def wait_for_approval(t: Tool, intent: Intent) -> ApprovalGrant:
+    st = state()
+    now = workflow.now()
+    req = ApprovalRequest(
+        workflow_id=intent.workflow_id,
+        step=intent.step,
+        tool=intent.tool,
+        args=intent.args,
+        args_hash=intent.args_hash,
+        key=intent.key,
+        requested_at=now,
+        expires_at=now + t.options.approval_timeout,
+        requested_by=workflow.memo_value(REQUESTED_BY_MEMO, None, type_hint=str | None),
+        approvals_needed=t.options.min_approvals,
+    )
+    st.book.request(req, t.options.approvers, t.options.requester_may_approve, now)
+    st.publish_pending()
+    workflow.logger.info(
+        "exactcall approval.requested: %s %s hash=%s expires=%s",
+        t.name,
+        intent.step,
+        intent.args_hash,
+        req.expires_at.isoformat(),
+    )
+    try:
+        await workflow.wait_condition(
+            lambda: st.book.state(intent.step) != "pending",
+            timeout=req.expires_at - now,
+            timeout_summary=f"approval of {t.name} {intent.step} expires",
+        )
+    except TimeoutError:
+        st.book.expire(intent.step, workflow.now())
+    st.publish_pending()
+    return _outcome(t, intent, req)
+
+
+def _outcome(t: Tool, intent: Intent, req: ApprovalRequest) -> ApprovalGrant:
+    book = state().book
+    verdict = book.state(intent.step)
+    fields = {
+        "tool": t.name,
+        "step": intent.step,
+        "args_hash": intent.args_hash,
+        "workflow_id": intent.workflow_id,
+    }
+    if verdict == "approved":
+        return book.grant(intent.step)
+    if verdict == "denied":
+        reason = book.open[intent.step].reasons[-1]
+        raise ApprovalDenied(f"{t.name} {intent.step} was denied: {reason}", **fields)
+    raise ApprovalExpired(
+        f"{t.name} {intent.step} was not approved before {req.expires_at.isoformat()}; nothing ran",
+        **fields,
+    )

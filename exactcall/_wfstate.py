@@ -1,0 +1,156 @@
+"""Per-workflow state kept by exactcall's workflow interceptor.
+
+For each workflow instance: the ordinal of each tool (carried over continue-as-new in a
+header), the calls in flight by key, and the approval book with its signal and query handlers.
+Deterministic workflow code only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from temporalio import workflow
+from temporalio.api.common.v1 import Payload
+from temporalio.common import SearchAttributeKey
+from temporalio.worker import (
+    ContinueAsNewInput,
+    ExecuteWorkflowInput,
+    WorkflowInboundInterceptor,
+    WorkflowOutboundInterceptor,
+)
+
+from ._approval import (
+    DECIDE_SIGNAL,
+    PENDING_ATTRIBUTE,
+    PENDING_MEMO,
+    QUERY,
+    ApprovalBook,
+    ApprovalsView,
+    Decision,
+    Verifier,
+)
+from ._errors import PluginNotInstalled
+from ._model import Intent
+
+__all__ = ["CARRY_HEADER", "WorkflowConfig", "WorkflowState", "inbound_class", "state"]
+
+CARRY_HEADER = "exactcall-ordinals"
+PENDING_KEY = SearchAttributeKey.for_bool(PENDING_ATTRIBUTE)
+
+
+@dataclass(frozen=True)
+class WorkflowConfig:
+    """Worker-wide settings the workflow side needs (constant for replay)."""
+
+    verifier: Verifier | None = None
+    pending_attribute: bool = True
+
+
+@dataclass
+class Flight:
+    intent: Intent
+    task: asyncio.Task[Any]
+
+
+@dataclass
+class WorkflowState:
+    config: WorkflowConfig
+    book: ApprovalBook
+    ordinals: dict[str, int] = field(default_factory=dict)
+    flights: dict[str, Flight] = field(default_factory=dict)
+    published: bool = False
+
+    def next_step(self, tool: str) -> str:
+        n = self.ordinals.get(tool, 0) + 1
+        self.ordinals[tool] = n
+        return f"{tool}#{n}"
+
+    def publish_pending(self) -> None:
+        """Mirror pending approvals into the memo and the search attribute (for listing)."""
+        pending = self.book.pending()
+        if not pending and not self.published:
+            return
+        workflow.upsert_memo(
+            {PENDING_MEMO: [p.model_dump(mode="json") for p in pending] if pending else None}
+        )
+        if self.config.pending_attribute:
+            workflow.upsert_search_attributes([PENDING_KEY.value_set(bool(pending))])
+        self.published = True
+
+
+_STATES: weakref.WeakKeyDictionary[Any, WorkflowState] = weakref.WeakKeyDictionary()
+
+
+def state() -> WorkflowState:
+    st = _STATES.get(workflow.instance())
+    if st is None:
+        raise PluginNotInstalled(
+            "exactcall.call ran on a worker without exactcall.Plugin(): add "
+            "plugins=[exactcall.Plugin()] to the Client or the Worker"
+        )
+    return st
+
+
+def _carried_ordinals() -> dict[str, int]:
+    payload = workflow.info().headers.get(CARRY_HEADER)
+    if payload is None:
+        return {}
+    return dict(workflow.payload_converter().from_payload(payload, dict[str, int]))
+
+
+def _install(config: WorkflowConfig) -> None:
+    info = workflow.info()
+    st = WorkflowState(
+        config=config,
+        book=ApprovalBook(workflow_id=info.workflow_id, verifier=config.verifier),
+        ordinals=_carried_ordinals(),
+    )
+    _STATES[workflow.instance()] = st
+
+    def on_decide(decision: Decision) -> None:
+        rec = st.book.decide(decision, workflow.now())
+        log = workflow.logger.info if rec.accepted else workflow.logger.warning
+        log(
+            "exactcall approval.%s: %s %s step=%s hash=%s by=%s: %s",
+            "accepted" if rec.accepted else "rejected",
+            decision.decision,
+            decision.tool or "",
+            decision.step,
+            decision.args_hash,
+            decision.by,
+            rec.outcome,
+        )
+        st.publish_pending()
+
+    def on_query() -> ApprovalsView:
+        return st.book.view()
+
+    workflow.set_signal_handler(DECIDE_SIGNAL, on_decide)
+    workflow.set_query_handler(QUERY, on_query)
+
+
+class _Inbound(WorkflowInboundInterceptor):
+    config: WorkflowConfig = WorkflowConfig()
+
+    def init(self, outbound: WorkflowOutboundInterceptor) -> None:
+        super().init(_Outbound(outbound))
+
+    async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
+        _install(self.config)
+        return await super().execute_workflow(input)
+
+
+class _Outbound(WorkflowOutboundInterceptor):
+    def continue_as_new(self, input: ContinueAsNewInput) -> Any:
+        st = _STATES.get(workflow.instance())
+        if st is not None and st.ordinals:
+            carried: Payload = workflow.payload_converter().to_payload(st.ordinals)
+            input.headers = {**input.headers, CARRY_HEADER: carried}
+        return super().continue_as_new(input)
+
+
+def inbound_class(config: WorkflowConfig) -> type[WorkflowInboundInterceptor]:
+    return type("ExactcallWorkflowInbound", (_Inbound,), {"config": config})

@@ -86,6 +86,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     _connection_args(w)
 
+    from ._cli_approvals import add_parsers
+
+    add_parsers(sub, _connection_args)
+
     d = sub.add_parser("demo", help="show a crash with and without exactcall, side by side")
     d.add_argument("--keep", action="store_true", help="keep the demo's bank database")
     _connection_args(d)
@@ -106,6 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _server(ns)
         if ns.command == "worker":
             return asyncio.run(_worker(ns))
+        if ns.command in ("approvals", "approve", "deny"):
+            return asyncio.run(_client_command(ns))
         if ns.command == "demo":
             from .demo.run import run_demo
 
@@ -116,6 +122,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"exactcall {ns.command}: {exc}", file=sys.stderr)
         return 2
     return 2
+
+
+async def _client_command(ns: argparse.Namespace) -> int:
+    from ._cli_approvals import run
+    from ._worker import connect
+
+    try:
+        client = await connect(_connection(ns))
+    except RuntimeError as exc:
+        print(f"exactcall: cannot reach Temporal: {exc}", file=sys.stderr)
+        return 1
+    return await run(ns, client)
 
 
 def _split(values: Sequence[str]) -> list[str]:

@@ -152,7 +152,7 @@ async def test_preapproval_is_consumed_once_by_the_exact_call_only(
     assert bank.count(to=who) == 1
     await approvals.deny(client, handle.id, third.step, args_hash=third.args_hash)
     out = await handle.result()
-    assert [list(o)[0] for o in out] == ["ok", "ok", "error"]
+    assert [next(iter(o)) for o in out] == ["ok", "ok", "error"]
     assert bank.count(to=who) == 1
 
 

@@ -155,7 +155,7 @@ async def test_signed_approval_from_the_cli(
         h = req.args_hash
         rc, _, err = await cli(server, "approve", handle.id, "--hash", h, "--yes", "--as", "ops")
         assert rc == 1 and "unsigned" in err
-        rc, out, err = await cli(
+        rc, _, err = await cli(
             server,
             "approve",
             handle.id,

@@ -41,6 +41,7 @@ from exactcall._errors import (
     ResultNotSerializable,
 )
 from exactcall._model import Intent, Owner, RecordEvent
+from exactcall._reconcile import CallAbandoned, reconcile_id
 from exactcall._tool import Tool
 
 from ._records import Record, RecordView
@@ -138,10 +139,11 @@ class Attempt:
             self.log.info("tool.recall_same_key", reason="provider-idempotent")
             await self._mark("calling")
             return await self._call()
-        async with self._keepalive({"phase": "calling", "attempt": self.info.attempt}):
-            waited = await self.record.wait_done(self.tool.options.heartbeat_timeout)
-        if waited is not None and waited.state.final:
-            return self._recorded(waited)
+        if view.state.phase != "unknown":  # an attempt may still be finishing: give it a moment
+            async with self._keepalive({"phase": "calling", "attempt": self.info.attempt}):
+                waited = await self.record.wait_done(self.tool.options.heartbeat_timeout)
+            if waited is not None and waited.state.final:
+                return self._recorded(waited)
         reason = (
             "an earlier attempt may have called the tool and did not record a result "
             f"(it crashed or timed out; record phase {view.state.phase!r})"
@@ -162,6 +164,12 @@ class Attempt:
 
     def _recorded(self, view: RecordView) -> Any:
         state = view.state
+        if state.phase == "abandoned":
+            raise CallAbandoned(
+                f"{self.intent.tool} {self.intent.step}: its outcome was unknown and a person "
+                f"abandoned it ({state.reason}); it is not run again under this key",
+                **self._fields(),
+            )
         if state.unserializable is not None:
             raise ResultNotSerializable(
                 f"{self.intent.tool} {self.intent.step} ran, but its result could not be "
@@ -306,9 +314,12 @@ class Attempt:
         """Recompute the hash and the key of the intent about to run; refuse on mismatch."""
         i = self.intent
         expect_hash = args_hash(i.tool, i.args)
-        expect_key = derive_key(
-            self.info.namespace, self.info.workflow_id or "", i.step, i.tool, i.tool_version
-        )
+        expect_key = derive_key(self.info.namespace, i.workflow_id, i.step, i.tool, i.tool_version)
+        runner = self.info.workflow_id
+        if runner not in (i.workflow_id, reconcile_id(i.key)):
+            expect_key = derive_key(
+                self.info.namespace, runner or "", i.step, i.tool, i.tool_version
+            )
         if i.tool != self.tool.name or expect_hash != i.args_hash or expect_key != i.key:
             raise InvalidCall(
                 "the intent handed to this activity does not match its own arguments "

@@ -357,6 +357,7 @@ class Variant:
     eager: bool = False  # start the record with request_eager_start=True
     unsandboxed: bool = False  # the record workflow outside the sandbox
     delayed: bool = False  # start the record with start_delay: no workflow task per call
+    no_beat: bool = False  # no pre-call heartbeat (changes the protocol: see README)
 
 
 VARIANTS = (
@@ -365,6 +366,7 @@ VARIANTS = (
     Variant("eager record start", eager=True),
     Variant("unsandboxed record wf", unsandboxed=True),
     Variant(f"delayed record ({RECORD_DELAY.total_seconds():g}s)", delayed=True),
+    Variant("no pre-call heartbeat", no_beat=True),
     Variant("|| + unsandboxed + delayed", parallel=True, unsandboxed=True, delayed=True),
 )
 
@@ -471,6 +473,8 @@ def timed_activity_factory() -> Callable[[Any, Variant, Sink], Callable[..., Awa
         async def _beat(self, details: dict[str, Any]) -> None:
             if self._beaten:  # the parallel variant already sent this one
                 self._beaten = False
+                return
+            if self.variant.no_beat and details.get("phase") == "calling":
                 return
             t0 = time.perf_counter()
             try:

@@ -27,6 +27,7 @@ from ._errors import (
     error_from_failure,
 )
 from ._model import Intent
+from ._settle import OnUnknown, reconcile
 from ._tool import Tool, resolve_tool
 from ._wait import needs_approval, wait_for_approval
 from ._wfstate import Flight, state
@@ -43,21 +44,32 @@ _NON_RETRYABLE = [
 ]
 
 
-async def call(tool: Tool | str, /, *args: Any, key: str | None = None, **kwargs: Any) -> Any:
+async def call(
+    tool: Tool | str,
+    /,
+    *args: Any,
+    key: str | None = None,
+    on_unknown: OnUnknown | None = None,
+    **kwargs: Any,
+) -> Any:
     """Run ``tool(*args, **kwargs)`` once, from workflow code.
 
     ``key`` names the step (a deliberate repeat of the same call needs its own key); without
-    it the step is the tool's next ordinal in this workflow (``pay#1``, ``pay#2``). A tool
-    that has its own parameter called ``key`` is called with :func:`call_with`.
+    it the step is the tool's next ordinal in this workflow (``pay#1``, ``pay#2``).
+    ``on_unknown``: ``"wait"`` for the reconciliation's verdict when the outcome is unknown,
+    or ``"raise"`` AmbiguousOutcome at once (reconciliation still runs). A tool that has its
+    own parameter called ``key`` or ``on_unknown`` is called with :func:`call_with`.
     """
     t = resolve_tool(tool)
-    if key is not None and "key" in t.params:
-        raise InvalidCall(
-            f"{t.name} has its own parameter 'key', so exactcall.call(..., key=...) is "
-            "ambiguous: use exactcall.call_with(tool, kwargs={'key': ...}, key=<step>)",
-            tool=t.name,
-        )
-    return await call_with(t, args=args, kwargs=kwargs, key=key)
+    for name, value in (("key", key), ("on_unknown", on_unknown)):
+        if value is not None and name in t.params:
+            raise InvalidCall(
+                f"{t.name} has its own parameter {name!r}, so exactcall.call(..., {name}=...) "
+                f"is ambiguous: use exactcall.call_with(tool, kwargs={{{name!r}: ...}}, "
+                f"{name}=...)",
+                tool=t.name,
+            )
+    return await call_with(t, args=args, kwargs=kwargs, key=key, on_unknown=on_unknown)
 
 
 async def call_with(
@@ -67,6 +79,7 @@ async def call_with(
     kwargs: Mapping[str, Any] | None = None,
     *,
     key: str | None = None,
+    on_unknown: OnUnknown | None = None,
 ) -> Any:
     """Like :func:`call`, with the tool's arguments passed apart from exactcall's options."""
     if not workflow.in_workflow():
@@ -75,13 +88,17 @@ async def call_with(
             "use exactcall.intent_hash"
         )
     t = resolve_tool(tool)
+    mode = on_unknown or t.options.on_unknown
+    if mode not in ("wait", "raise"):
+        raise InvalidCall(f"on_unknown={mode!r}: use 'wait' or 'raise'", tool=t.name)
     intent = intent_of(t, args, kwargs or {}, key)
     st = state()
     if t.options.read_only:
         return _typed(t, await _execute(t, intent))
     flight = st.flights.get(intent.key)
     if flight is None:
-        flight = Flight(intent, asyncio.ensure_future(_approved_then_execute(t, intent)))
+        work = _approved_then_execute(t, intent, mode)
+        flight = Flight(intent, asyncio.ensure_future(work))
         st.flights[intent.key] = flight
     elif flight.intent.args_hash != intent.args_hash:
         raise IntentConflict(
@@ -126,16 +143,25 @@ def _check_key(key: Any) -> str:
     return key
 
 
-async def _approved_then_execute(t: Tool, intent: Intent) -> Any:
+async def _approved_then_execute(t: Tool, intent: Intent, on_unknown: OnUnknown) -> Any:
     if needs_approval(t, intent):
         grant = await wait_for_approval(t, intent)
         intent = intent.model_copy(update={"approval": grant})
-    return await _execute(t, intent)
+    try:
+        return await execute_tool_activity(t, intent)
+    except AmbiguousOutcome as err:
+        return await reconcile(t, intent, err, on_unknown)
 
 
 async def _execute(t: Tool, intent: Intent) -> Any:
+    return await execute_tool_activity(t, intent)
+
+
+async def execute_tool_activity(t: Tool, intent: Intent, activity_id: str | None = None) -> Any:
+    """Schedule the tool activity for ``intent``; exactcall errors come back typed."""
     opts = t.options
-    activity_id = intent.step if not intent.explicit_key else f"{t.name}[{intent.step}]"
+    if activity_id is None:
+        activity_id = intent.step if not intent.explicit_key else f"{t.name}[{intent.step}]"
     try:
         return await workflow.execute_activity(
             t.name,

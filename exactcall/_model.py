@@ -53,7 +53,7 @@ class Owner(BaseModel):
     activity_id: str
 
 
-Phase = Literal["calling", "idle", "done", "unknown"]
+Phase = Literal["calling", "idle", "done", "unknown", "abandoned"]
 
 
 class RecordEvent(BaseModel):
@@ -61,7 +61,7 @@ class RecordEvent(BaseModel):
 
     model_config = _FROZEN
 
-    kind: Literal["calling", "released", "done", "unknown"]
+    kind: Literal["calling", "released", "done", "unknown", "not_landed", "abandoned"]
     owner: Owner
     attempt: int
     result: Any = None
@@ -97,12 +97,16 @@ class RecordState(BaseModel):
 
     @property
     def final(self) -> bool:
-        return self.phase == "done"
+        return self.phase in ("done", "abandoned")
 
     def apply(self, ev: RecordEvent) -> RecordState:
-        """The state after ``ev``. ``done`` is final: later markers change nothing."""
-        if self.phase == "done":
+        """The state after ``ev``. ``done`` and ``abandoned`` are final."""
+        if self.final:
             return self
+        if ev.kind == "abandoned":
+            return self.model_copy(update={"phase": "abandoned", "reason": ev.reason})
+        if ev.kind == "not_landed":  # a reconciliation verdict: it did not happen
+            return self.model_copy(update={"phase": "idle", "owner": ev.owner, "reason": ev.reason})
         if ev.kind == "done":
             return self.model_copy(
                 update={

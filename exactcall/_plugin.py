@@ -27,17 +27,20 @@ from temporalio.worker import (
 )
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
-from exactcall.activities import tool_activity
-from exactcall.workflows import CallRecord
+from exactcall.activities import await_settled, probe_activity, tool_activity
+from exactcall.workflows import CallRecord, Reconcile
 
 from ._approval import PENDING_ATTRIBUTE, ed25519_verifier
 from ._errors import ExactcallError
+from ._reconcile import UNRESOLVED_ATTRIBUTE
 from ._tool import Tool, registered_tools
 from ._wfstate import WorkflowConfig, inbound_class
 
-__all__ = ["Plugin", "ensure_pending_attribute"]
+__all__ = ["SEARCH_ATTRIBUTES", "Plugin", "ensure_search_attributes"]
 
 log = structlog.get_logger("exactcall")
+
+SEARCH_ATTRIBUTES = (PENDING_ATTRIBUTE, UNRESOLVED_ATTRIBUTE)
 
 # Modules passed through the workflow sandbox, and why:
 _PASSTHROUGH = (
@@ -75,17 +78,18 @@ class Plugin(SimplePlugin):
         tools: Sequence[Tool] | None = None,
         *,
         approver_keys: Mapping[str, Any] | None = None,
-        pending_search_attribute: bool = True,
+        search_attributes: bool = True,
     ) -> None:
         """``approver_keys``: approver name -> Ed25519 public key (PEM, raw bytes or key
         object); when given, only decisions signed by those keys are accepted.
-        ``pending_search_attribute``: mirror pending approvals into the ``ExactcallPending``
-        Bool search attribute (for ``exactcall approvals list``); needs it registered on the
-        cluster. Keep both the same on every worker and replayer."""
+        ``search_attributes``: mirror pending approvals and parked calls into the Bool search
+        attributes ``ExactcallPending`` and ``ExactcallUnresolved`` (for ``exactcall approvals
+        list`` and ``exactcall unresolved``); the worker registers them if the cluster lets it.
+        Keep both settings the same on every worker and replayer."""
         self._tools = list(tools) if tools is not None else None
         config = WorkflowConfig(
             verifier=ed25519_verifier(approver_keys) if approver_keys else None,
-            pending_attribute=pending_search_attribute,
+            search_attributes=search_attributes,
         )
         self.workflow_config = config
         self._worker_client: Client | None = None
@@ -94,7 +98,7 @@ class Plugin(SimplePlugin):
             data_converter=_data_converter,
             interceptors=[_Interceptor(config)],
             activities=self._activities,
-            workflows=[CallRecord],
+            workflows=[CallRecord, Reconcile],
             workflow_runner=_workflow_runner,
             workflow_failure_exception_types=[ExactcallError],
             run_context=self._run_context,
@@ -107,17 +111,15 @@ class Plugin(SimplePlugin):
     def _activities(
         self, existing: Sequence[Callable[..., Any]] | None
     ) -> list[Callable[..., Any]]:
-        return [*(existing or []), *(tool_activity(t) for t in self.tools)]
+        tools = self.tools
+        probes = [probe_activity(t) for t in tools if t.options.reconcile is not None]
+        return [*(existing or []), *(tool_activity(t) for t in tools), *probes, await_settled]
 
     @contextlib.asynccontextmanager
     async def _run_context(self) -> AsyncIterator[None]:
         client = self._worker_client
-        if (
-            client is not None
-            and self.workflow_config.pending_attribute
-            and any(t.options.approval for t in self.tools)
-        ):
-            await ensure_pending_attribute(client)
+        if client is not None and self.workflow_config.search_attributes:
+            await ensure_search_attributes(client)
         yield
 
     def configure_worker(self, config: WorkerConfig) -> WorkerConfig:
@@ -131,8 +133,8 @@ class Plugin(SimplePlugin):
         return super().configure_worker(config)
 
 
-async def ensure_pending_attribute(client: Client) -> None:
-    """Register the ExactcallPending search attribute if the cluster lacks it."""
+async def ensure_search_attributes(client: Client) -> None:
+    """Register exactcall's search attributes if the cluster lacks them."""
     ns = client.namespace
     try:
         resp = await client.operator_service.list_search_attributes(
@@ -141,23 +143,27 @@ async def ensure_pending_attribute(client: Client) -> None:
     except RPCError as exc:  # e.g. Temporal Cloud: registered through its own console/API
         log.warning("approvals.search_attribute_unchecked", error=str(exc))
         return
-    if PENDING_ATTRIBUTE in resp.custom_attributes:
+    missing = [n for n in SEARCH_ATTRIBUTES if n not in resp.custom_attributes]
+    if not missing:
         return
     try:
         await client.operator_service.add_search_attributes(
             AddSearchAttributesRequest(
                 namespace=ns,
-                search_attributes={PENDING_ATTRIBUTE: IndexedValueType.INDEXED_VALUE_TYPE_BOOL},
+                search_attributes={n: IndexedValueType.INDEXED_VALUE_TYPE_BOOL for n in missing},
             )
         )
     except RPCError as exc:
+        how = "; ".join(
+            f"temporal operator search-attribute create --namespace {ns} --name {n} --type Bool"
+            for n in missing
+        )
         raise ExactcallError(
-            f"the {PENDING_ATTRIBUTE} search attribute is not registered in namespace {ns!r} "
-            f"and could not be added ({exc}). Register it: temporal operator search-attribute "
-            f"create --namespace {ns} --name {PENDING_ATTRIBUTE} --type Bool (or pass "
-            "exactcall.Plugin(pending_search_attribute=False) on every worker)"
+            f"search attributes {missing} are not registered in namespace {ns!r} and could not "
+            f"be added ({exc}). Register them: {how} (or pass "
+            "exactcall.Plugin(search_attributes=False) on every worker)"
         ) from exc
-    log.info("approvals.search_attribute_registered", name=PENDING_ATTRIBUTE, namespace=ns)
+    log.info("worker.search_attributes_registered", names=missing, namespace=ns)
 
 
 def _is_pydantic(conv: DataConverter) -> bool:

@@ -75,7 +75,7 @@ class DevServer:
     namespaces: Sequence[str] = ()
     fast: bool = True
     ip: str = "127.0.0.1"
-    search_attributes: Sequence[str] = ("ExactcallPending=Bool",)
+    search_attributes: Sequence[str] = ("ExactcallPending=Bool", "ExactcallUnresolved=Bool")
     log_level: str = "error"
     extra_args: Sequence[str] = ()
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)

@@ -80,6 +80,13 @@ class ToolOptions:
     """Distinct approvers needed (M of N)."""
     requester_may_approve: bool = True
     """False: the workflow's requester (memo ``exactcall.requested_by``) cannot approve."""
+    reconcile: Callable[[Any], Any] | None = None
+    """A probe ``(intent) -> Landed(result) | NotLanded() | Unknown(reason)`` (sync or async)
+    that asks the destination whether a call of unknown outcome happened."""
+    reconcile_deadline: timedelta = timedelta(minutes=5)
+    """Overall deadline of the probe (with its retries); past it the call is parked."""
+    on_unknown: str = "wait"
+    """``"wait"`` for the reconciliation's verdict, or ``"raise"`` AmbiguousOutcome at once."""
 
 
 @dataclass(eq=False)
@@ -317,6 +324,9 @@ def tool(
     approvers: Sequence[str] | None = None,
     min_approvals: int = 1,
     requester_may_approve: bool = True,
+    reconcile: Callable[[Any], Any] | None = None,
+    reconcile_deadline: timedelta = timedelta(minutes=5),
+    on_unknown: str = "wait",
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 def tool(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
     """Declare a side-effecting (or, with ``read_only=True``, a read-only) tool.
@@ -345,6 +355,8 @@ def _options(f: Callable[..., Any], options: dict[str, Any]) -> ToolOptions:
         opts["approvers"] = frozenset(opts["approvers"])
     if opts.get("min_approvals", 1) < 1:
         raise TypeError("exactcall.tool(min_approvals=...) must be at least 1")
+    if opts.get("on_unknown", "wait") not in ("wait", "raise"):
+        raise TypeError("exactcall.tool(on_unknown=...) must be 'wait' or 'raise'")
     if opts.get("read_only") and opts.get("approval"):
         raise TypeError("a read_only tool cannot need approval (it changes nothing)")
     return ToolOptions(**opts)

@@ -35,7 +35,14 @@ from ._approval import (
 from ._errors import PluginNotInstalled
 from ._model import Intent
 
-__all__ = ["CARRY_HEADER", "WorkflowConfig", "WorkflowState", "inbound_class", "state"]
+__all__ = [
+    "CARRY_HEADER",
+    "WorkflowConfig",
+    "WorkflowState",
+    "current_config",
+    "inbound_class",
+    "state",
+]
 
 CARRY_HEADER = "exactcall-ordinals"
 PENDING_KEY = SearchAttributeKey.for_bool(PENDING_ATTRIBUTE)
@@ -46,7 +53,7 @@ class WorkflowConfig:
     """Worker-wide settings the workflow side needs (constant for replay)."""
 
     verifier: Verifier | None = None
-    pending_attribute: bool = True
+    search_attributes: bool = True
 
 
 @dataclass
@@ -76,7 +83,7 @@ class WorkflowState:
         workflow.upsert_memo(
             {PENDING_MEMO: [p.model_dump(mode="json") for p in pending] if pending else None}
         )
-        if self.config.pending_attribute:
+        if self.config.search_attributes:
             workflow.upsert_search_attributes([PENDING_KEY.value_set(bool(pending))])
         self.published = True
 
@@ -92,6 +99,10 @@ def state() -> WorkflowState:
             "plugins=[exactcall.Plugin()] to the Client or the Worker"
         )
     return st
+
+
+def current_config() -> WorkflowConfig:
+    return state().config
 
 
 def _carried_ordinals() -> dict[str, int]:

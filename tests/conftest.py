@@ -75,8 +75,16 @@ def plan(*steps: dict[str, Any], **opts: Any) -> dict[str, Any]:
     return {"steps": list(steps), **opts}
 
 
-def step(tool: str, *args: Any, key: str | None = None, **kwargs: Any) -> dict[str, Any]:
-    return {"tool": tool, "args": list(args), "kwargs": kwargs, "key": key}
+def step(
+    tool: str, *args: Any, key: str | None = None, on_unknown: str | None = None, **kwargs: Any
+) -> dict[str, Any]:
+    return {
+        "tool": tool,
+        "args": list(args),
+        "kwargs": kwargs,
+        "key": key,
+        "on_unknown": on_unknown,
+    }
 
 
 async def start_agent(

@@ -216,7 +216,9 @@ async def test_crashes_keep_the_approval_and_run_once(
 ) -> None:
     crash = "transfer:after_call:1" if when == "during_the_effect" else None
     a = await worker_process(tq, crash_at=crash).started()
-    handle = await start_agent(client, tq, plan(step("transfer", bank.url, 10, who)))
+    handle = await start_agent(
+        client, tq, plan(step("transfer", bank.url, 10, who, on_unknown="raise"))
+    )
     req = await pending_of(client, handle)
     if when == "while_waiting":
         a.stop()

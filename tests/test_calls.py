@@ -156,7 +156,9 @@ async def test_not_executed_is_retried_then_surfaces_as_tool_failed(
 async def test_arbitrary_exception_is_unknown_and_not_retried(
     client: Client, worker: Worker, tq: str, bank: Bank, who: str
 ) -> None:
-    handle, out = await run_plan(client, tq, step("pay_then_explode", bank.url, 3, who))
+    handle, out = await run_plan(
+        client, tq, step("pay_then_explode", bank.url, 3, who, on_unknown="raise")
+    )
     assert out[0]["error"] == "AmbiguousOutcome"
     assert "RuntimeError" in out[0]["message"] and "not re-sent" in out[0]["message"]
     assert bank.count(to=who) == 1

@@ -50,7 +50,11 @@ async def test_killed_after_the_effect_is_unknown_and_not_re_sent(
     client: Client, worker_process: Callable[..., WorkerProcess], tq: str, bank: Bank, who: str
 ) -> None:
     out, attempts = await crash_then_recover(
-        client, worker_process, tq, "pay:after_call:1", step("pay", bank.url, 10, who)
+        client,
+        worker_process,
+        tq,
+        "pay:after_call:1",
+        step("pay", bank.url, 10, who, on_unknown="raise"),
     )
     assert out[0]["error"] == "AmbiguousOutcome"
     assert "not re-sent" in out[0]["message"]

@@ -25,7 +25,11 @@ async def _one(step: dict[str, Any]) -> dict[str, Any]:
             )
         else:
             result = await exactcall.call(
-                step["tool"], *step.get("args", []), key=step.get("key"), **step.get("kwargs", {})
+                step["tool"],
+                *step.get("args", []),
+                key=step.get("key"),
+                on_unknown=step.get("on_unknown"),
+                **step.get("kwargs", {}),
             )
         return {"ok": result}
     except exactcall.ExactcallError as err:

@@ -1,5 +1,15 @@
 """exactcall's own workflows (installed as ``exactcall.workflows``)."""
 
+from ._reconcile import PROBE_PREFIX, Reconcile, probe_activity_name
 from ._record import MARK_SIGNAL, RECORD_WORKFLOW, STATE_QUERY, CallRecord, record_id
 
-__all__ = ["MARK_SIGNAL", "RECORD_WORKFLOW", "STATE_QUERY", "CallRecord", "record_id"]
+__all__ = [
+    "MARK_SIGNAL",
+    "PROBE_PREFIX",
+    "RECORD_WORKFLOW",
+    "STATE_QUERY",
+    "CallRecord",
+    "Reconcile",
+    "probe_activity_name",
+    "record_id",
+]

@@ -1,0 +1,223 @@
+"""The reconciliation of one call whose outcome is unknown (workflow id derived from the key).
+
+A probe asks the destination; if it cannot tell (or there is none, or its deadline passes) the
+call is parked until a person resolves it. ``landed`` completes the call with a result;
+``not_landed`` lets it run once more with the same key (a probe may order that once; a person
+as often as they decide); ``abandon`` ends it with CallAbandoned. Every verdict is recorded on
+the call's record, in this workflow's memo and by query.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.exceptions import ActivityError
+
+from exactcall._errors import AmbiguousOutcome, ToolFailed
+from exactcall._model import Owner, RecordEvent
+from exactcall._reconcile import (
+    RECONCILE_WORKFLOW,
+    RESOLVE_SIGNAL,
+    STATE_QUERY,
+    UNRESOLVED_ATTRIBUTE,
+    UNRESOLVED_MEMO,
+    VERDICT_MEMO,
+    ReconcileInput,
+    ReconcileState,
+    Resolution,
+    Settled,
+    UnresolvedCall,
+    Verdict,
+)
+
+from ._record import MARK_SIGNAL, record_id
+
+__all__ = ["PROBE_PREFIX", "Reconcile", "probe_activity_name"]
+
+PROBE_PREFIX = "exactcall.probe."
+UNRESOLVED_KEY = SearchAttributeKey.for_bool(UNRESOLVED_ATTRIBUTE)
+MAX_PROBE_RERUNS = 1
+
+
+def probe_activity_name(tool: str) -> str:
+    return PROBE_PREFIX + tool
+
+
+@workflow.defn(name=RECONCILE_WORKFLOW)
+class Reconcile:
+    def __init__(self) -> None:
+        self._phase = "probing"
+        self._reason = ""
+        self._history: list[str] = []
+        self._resolutions: list[tuple[Resolution, str]] = []
+        self._waiting: Resolution | None = None
+        self._parked = False
+        self._settled: Settled | None = None
+
+    @workflow.run
+    async def run(self, inp: ReconcileInput) -> Settled:
+        from exactcall._call import execute_tool_activity
+        from exactcall._tool import get_tool
+
+        tool = get_tool(inp.intent.tool)
+        self._reason = inp.reason
+        probe_reruns = 0
+        reruns = 0
+        while True:
+            verdict, by, why = await self._verdict(inp, probe_reruns < MAX_PROBE_RERUNS)
+            if verdict == "landed":
+                return await self._finish(
+                    inp,
+                    Settled(
+                        outcome="done", verdict="landed", decided_by=by, result=why, reason=None
+                    ),
+                )
+            if verdict == "abandon":
+                return await self._finish(
+                    inp, Settled(outcome="abandoned", verdict="abandon", decided_by=by, reason=why)
+                )
+            probe_reruns += by == "probe"
+            reruns += 1
+            await self._mark(inp, "not_landed", reason=f"not landed, decided by {by}")
+            self._phase = "re-running"
+            self._note(f"re-running with the same key (decided by {by})")
+            try:
+                result = await execute_tool_activity(tool, inp.intent, f"rerun-{reruns}")
+            except ToolFailed as err:
+                return await self._finish(
+                    inp,
+                    Settled(
+                        outcome="failed",
+                        verdict="not_landed",
+                        decided_by=by,
+                        reason=err.message,
+                        error_type=str(err.fields.get("error_type") or "ToolFailed"),
+                    ),
+                    marked=True,
+                )
+            except AmbiguousOutcome as err:
+                self._reason = f"the re-run is of unknown outcome too: {err.message}"
+                self._note(self._reason)
+                continue
+            return await self._finish(
+                inp,
+                Settled(outcome="done", verdict="not_landed", decided_by=by, result=result),
+                marked=True,
+            )
+
+    # -- verdicts ---------------------------------------------------------------------------
+    async def _verdict(self, inp: ReconcileInput, may_probe: bool) -> tuple[str, str, Any]:
+        """(landed | not_landed | abandon, who decided, result-or-reason)."""
+        if inp.has_probe:
+            v = await self._probe(inp)
+            if v is not None and (v.kind == "landed" or (v.kind == "not_landed" and may_probe)):
+                self._note(f"probe: {v.kind}")
+                return v.kind, "probe", v.result
+            if v is not None:
+                self._reason = v.reason or (
+                    "the probe said not landed again after a re-run"
+                    if v.kind == "not_landed"
+                    else "the probe could not tell"
+                )
+        elif not self._history:
+            self._reason = f"{self._reason} (no probe declared)"
+        return await self._park(inp)
+
+    async def _probe(self, inp: ReconcileInput) -> Verdict | None:
+        self._phase = "probing"
+        deadline = inp.probe_deadline
+        try:
+            return await workflow.execute_activity(
+                probe_activity_name(inp.intent.tool),
+                inp.intent,
+                result_type=Verdict,
+                schedule_to_close_timeout=deadline,
+                start_to_close_timeout=min(deadline, timedelta(minutes=1)),
+                retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=30)),
+                summary=f"probe {inp.intent.tool} {inp.intent.step}",
+            )
+        except ActivityError as err:
+            self._reason = f"the probe failed or passed its deadline: {err.cause or err}"
+            self._note(self._reason)
+            return None
+
+    async def _park(self, inp: ReconcileInput) -> tuple[str, str, Any]:
+        self._phase = "parked"
+        self._note(f"parked: {self._reason}")
+        self._publish(inp, parked=True)
+        await workflow.wait_condition(lambda: self._waiting is not None)
+        res, self._waiting = self._waiting, None
+        assert res is not None
+        self._publish(inp, parked=False)
+        self._note(f"{res.by}: {res.verdict}" + (f" ({res.reason})" if res.reason else ""))
+        if res.verdict == "landed":
+            return "landed", res.by, res.result
+        if res.verdict == "abandon":
+            return "abandon", res.by, res.reason
+        return "not_landed", res.by, None
+
+    @workflow.signal(name=RESOLVE_SIGNAL)
+    def resolve(self, res: Resolution) -> None:
+        if self._phase != "parked" or self._waiting is not None:
+            outcome = f"rejected: the call is not parked (it is {self._phase})"
+            workflow.logger.warning("exactcall reconcile.resolution_rejected: %s", outcome)
+        else:
+            self._waiting = res
+            outcome = "accepted"
+        self._resolutions.append((res, outcome))
+
+    @workflow.query(name=STATE_QUERY)
+    def state(self) -> ReconcileState:
+        return ReconcileState(
+            phase="settled" if self._settled else self._phase,  # type: ignore[arg-type]
+            reason=self._reason,
+            history=self._history,
+            resolutions=self._resolutions,
+            settled=self._settled,
+        )
+
+    # -- recording --------------------------------------------------------------------------
+    async def _finish(self, inp: ReconcileInput, s: Settled, marked: bool = False) -> Settled:
+        if not marked and s.outcome == "done":
+            await self._mark(inp, "done", result=s.result)
+        elif s.outcome == "abandoned":
+            await self._mark(inp, "abandoned", reason=s.reason)
+        self._settled = s
+        workflow.upsert_memo(
+            {VERDICT_MEMO: {"verdict": s.verdict, "outcome": s.outcome, "by": s.decided_by}}
+        )
+        self._note(f"settled: {s.outcome} ({s.verdict}, decided by {s.decided_by})")
+        return s
+
+    async def _mark(self, inp: ReconcileInput, kind: str, **fields: Any) -> None:
+        owner = Owner(run_id=workflow.info().run_id, activity_id="reconcile")
+        ev = RecordEvent(kind=kind, owner=owner, attempt=0, **fields)  # type: ignore[arg-type]
+        await workflow.get_external_workflow_handle(record_id(inp.intent.key)).signal(
+            MARK_SIGNAL, ev
+        )
+
+    def _publish(self, inp: ReconcileInput, parked: bool) -> None:
+        i = inp.intent
+        row = UnresolvedCall(
+            workflow_id=i.workflow_id,
+            step=i.step,
+            tool=i.tool,
+            args=i.args,
+            args_hash=i.args_hash,
+            key=i.key,
+            since=inp.since,
+            reason=self._reason,
+            reconcile_id=workflow.info().workflow_id,
+        )
+        workflow.upsert_memo({UNRESOLVED_MEMO: row.model_dump(mode="json") if parked else None})
+        from exactcall._wfstate import current_config
+
+        if current_config().search_attributes:
+            workflow.upsert_search_attributes([UNRESOLVED_KEY.value_set(parked)])
+
+    def _note(self, line: str) -> None:
+        self._history.append(f"{workflow.now().isoformat()} {line}")
+        workflow.logger.info("exactcall reconcile: %s", line)

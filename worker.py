@@ -3,7 +3,8 @@
 
 import sys
 
-from exactcall._cli import main
+from exactcall._cli import entry
 
 if __name__ == "__main__":
-    sys.exit(main(["worker", *sys.argv[1:]]))
+    sys.argv[1:1] = ["worker"]
+    entry()

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from exactcall.workflows import MARK_SIGNAL, RECORD_WORKFLOW, record_id
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.enums.v1 import EventType, PendingWorkflowTaskState
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
@@ -57,6 +57,9 @@ class Record:
                     "args_hash": intent.args_hash,
                 },
                 static_summary=f"{intent.tool} {intent.step} of {intent.workflow_id}",
+                # a record's tasks are trivial: if a worker dies holding one, the server takes
+                # it back quickly (signals that arrive meanwhile are buffered out of history)
+                task_timeout=timedelta(seconds=2),
             )
         except WorkflowAlreadyStartedError:
             return False
@@ -76,7 +79,13 @@ class Record:
                 delay = min(delay * 2, 2.0)
 
     async def read(self) -> RecordView | None:
-        """Fold the record's history into its state; None if the key has no record."""
+        """Fold the record's history into its state; None if the key has no record.
+
+        Signals that reach a workflow while one of its tasks is in flight are buffered out of
+        its history until that task ends; so wait until no record task is in flight first.
+        """
+        if not await self._settled_history():
+            return None
         conv = self._client.data_converter
         state: RecordState | None = None
         since: datetime | None = None
@@ -102,6 +111,26 @@ class Record:
         if state is None or since is None:
             return None
         return RecordView(state=state, since=since, closed=closed)
+
+    async def _settled_history(self, limit: float = 30.0) -> bool:
+        """False if there is no record; otherwise wait until no task of it is in flight."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit
+        while True:
+            try:
+                desc = (await self.handle.describe()).raw_description
+            except RPCError as exc:
+                if _not_found(exc):
+                    return False
+                raise
+            task = desc.pending_workflow_task
+            in_flight = (
+                desc.HasField("pending_workflow_task")
+                and task.state == PendingWorkflowTaskState.PENDING_WORKFLOW_TASK_STATE_STARTED
+            )
+            if not in_flight or loop.time() > deadline:
+                return True
+            await asyncio.sleep(0.1)
 
     async def wait_done(self, grace: timedelta) -> RecordView | None:
         """Poll the record for up to ``grace`` for a still-running attempt to finish."""

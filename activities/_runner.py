@@ -97,6 +97,13 @@ class Attempt:
             return await self._invoke(beat_phase="read_only")
         return await self._settle()
 
+    def _unchanged_details(self) -> dict[str, Any]:
+        """Liveness heartbeats while deciding must not erase what earlier attempts wrote."""
+        details = self.info.heartbeat_details
+        if details and isinstance(details[0], dict):
+            return dict(details[0])
+        return {"phase": None}
+
     # -- deciding -------------------------------------------------------------------------
     async def _settle(self) -> Any:
         maybe_crash("before_claim", self.intent.tool, self.info.attempt)
@@ -104,7 +111,8 @@ class Attempt:
             return await self._finish_recording()
         if await self.record.claim(self.owner, self.info.attempt):
             return await self._call()
-        view = await self.record.read()
+        async with self._keepalive(self._unchanged_details()):
+            view = await self.record.read()
         if view is None:  # a record that vanished (retention): claim it anew
             if await self.record.claim(self.owner, self.info.attempt):
                 return await self._call()
@@ -183,6 +191,7 @@ class Attempt:
     async def _call(self) -> Any:
         maybe_crash("before_call", self.intent.tool, self.info.attempt)
         await self._beat({"phase": "calling", "attempt": self.info.attempt})
+        maybe_crash("in_call", self.intent.tool, self.info.attempt)
         try:
             result = await self._invoke(beat_phase="calling")
         except Exception as exc:

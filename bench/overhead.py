@@ -102,6 +102,10 @@ def temporal_version() -> str:
         return f"unknown ({exc})"
 
 
+def fmt_load(load: Sequence[float]) -> str:
+    return " ".join(f"{x:.2f}" for x in load)
+
+
 def log(msg: str = "") -> None:
     print(msg, flush=True)
 
@@ -368,6 +372,7 @@ VARIANTS = (
     Variant(f"delayed record ({RECORD_DELAY.total_seconds():g}s)", delayed=True),
     Variant("no pre-call heartbeat", no_beat=True),
     Variant("|| + unsandboxed + delayed", parallel=True, unsandboxed=True, delayed=True),
+    Variant("no beat + unsandb. + delayed", no_beat=True, unsandboxed=True, delayed=True),
 )
 
 
@@ -646,7 +651,10 @@ async def profile(args: argparse.Namespace, address: str, server_pid: int | None
         )
         configs["bare"] = (tq, "bare", Sink(), main_client)
         configs["exactcall (package)"] = (tq, "exactcall", Sink(), main_client)
+        only = [o.strip() for o in (args.only or "").split(",") if o.strip()]
         for v in VARIANTS:
+            if only and not any(o in v.name for o in only):
+                continue
             plugin = exactcall.Plugin(tools=[])
             if v.unsandboxed:
                 plugin.workflows = [UnsandboxedRecord]
@@ -836,6 +844,11 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--profile-n", type=int, default=100, help="sequential wfs per config")
     ap.add_argument("--profile-m", type=int, default=100, help="concurrent wfs per config")
+    ap.add_argument(
+        "--only",
+        help="profile only the variants whose name contains one of these comma-separated "
+        "strings (bare and the package are always run)",
+    )
     return ap.parse_args(argv)
 
 
@@ -888,6 +901,8 @@ async def amain(args: argparse.Namespace) -> int:
         "workflow tasks, 1000 cached workflows), sandboxed workflows, pydantic converter"
     )
     log(f"logs: exactcall/temporalio at {args.log_level.upper()}, JSON lines to {log_path}")
+    config["loadavg_start"] = os.getloadavg()
+    log(f"load average before: {fmt_load(config['loadavg_start'])} (other processes add noise)")
     try:
         if args.profile:
             p = await profile(args, address, server_pid)
@@ -925,22 +940,30 @@ async def amain(args: argparse.Namespace) -> int:
         if server is not None:
             server.stop()
     result["config"]["started"] = stamp
+    result["config"]["loadavg_end"] = os.getloadavg()
+    log(f"load average after: {fmt_load(result['config']['loadavg_end'])}")
     json_path.write_text(json.dumps(result, indent=1))
     log(f"\nraw numbers: {json_path}\nlogs: {log_path}")
     return 0
 
 
-def _terminate(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt  # unwinds amain, which stops the embedded server
+async def amain_cancellable(args: argparse.Namespace) -> int:
+    """amain, cancelled by SIGTERM or SIGINT so that it stops the embedded server."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(amain(args))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        log("interrupted")
+        return 130
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     code = 1
-    signal.signal(signal.SIGTERM, _terminate)
     try:
-        code = asyncio.run(amain(parse(argv)))
-    except KeyboardInterrupt:
-        code = 130
+        code = asyncio.run(amain_cancellable(parse(argv)))
     except Exception:
         traceback.print_exc()
     finally:

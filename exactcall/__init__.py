@@ -31,6 +31,7 @@ from ._errors import (
 )
 from ._model import Intent, RecordState
 from ._plugin import Plugin
+from ._reconcile import CallAbandoned, Landed, NotLanded, Unknown
 from ._tool import Tool, ToolOptions, get_tool, intent_hash, registered_tools, tool
 
 __version__ = "0.1.0"
@@ -41,11 +42,14 @@ __all__ = [
     "ApprovalExpired",
     "ApprovalMissing",
     "ArgumentsTooLarge",
+    "CallAbandoned",
     "ExactcallError",
     "Intent",
     "IntentConflict",
     "InvalidCall",
+    "Landed",
     "NotExecuted",
+    "NotLanded",
     "Plugin",
     "PluginNotInstalled",
     "RecordState",
@@ -53,6 +57,7 @@ __all__ = [
     "Tool",
     "ToolFailed",
     "ToolOptions",
+    "Unknown",
     "UnknownTool",
     "__version__",
     "args_hash",

@@ -14,7 +14,19 @@ from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 
-__all__ = ["main"]
+__all__ = ["entry", "main"]
+
+
+def entry() -> None:
+    """Console-script entry: run, flush, and leave without interpreter finalisation.
+
+    Processes that used the Temporal client can crash while the interpreter finalises
+    (temporalio/sdk-python#300); the exit code must be the command's own.
+    """
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _connection_args(p: argparse.ArgumentParser) -> None:
@@ -86,9 +98,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     _connection_args(w)
 
-    from ._cli_approvals import add_parsers
+    from . import _cli_approvals, _cli_reconcile
 
-    add_parsers(sub, _connection_args)
+    _cli_approvals.add_parsers(sub, _connection_args)
+    _cli_reconcile.add_parsers(sub, _connection_args)
 
     d = sub.add_parser("demo", help="show a crash with and without exactcall, side by side")
     d.add_argument("--keep", action="store_true", help="keep the demo's bank database")
@@ -110,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _server(ns)
         if ns.command == "worker":
             return asyncio.run(_worker(ns))
-        if ns.command in ("approvals", "approve", "deny"):
+        if ns.command in ("approvals", "approve", "deny", "unresolved", "resolve"):
             return asyncio.run(_client_command(ns))
         if ns.command == "demo":
             from .demo.run import run_demo
@@ -125,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _client_command(ns: argparse.Namespace) -> int:
-    from ._cli_approvals import run
+    from . import _cli_approvals, _cli_reconcile
     from ._worker import connect
 
     try:
@@ -133,7 +146,9 @@ async def _client_command(ns: argparse.Namespace) -> int:
     except RuntimeError as exc:
         print(f"exactcall: cannot reach Temporal: {exc}", file=sys.stderr)
         return 1
-    return await run(ns, client)
+    if ns.command in ("unresolved", "resolve"):
+        return await _cli_reconcile.run(ns, client)
+    return await _cli_approvals.run(ns, client)
 
 
 def _split(values: Sequence[str]) -> list[str]:

@@ -151,3 +151,53 @@ def hasty_transfer(bank: str, amount: int, to: str) -> dict[str, Any]:
 def wire(bank: str, amount: int, to: str) -> dict[str, Any]:
     """Two of alice, bob and carol must approve, and never the requester."""
     return post(bank, "/payments", {"amount": amount, "to": to})
+
+
+def find_payment(intent: exactcall.Intent) -> Any:
+    """Reconcile probe: ask the bank for payments made under the call's key."""
+    bank = intent.args["bank"]
+    with urllib.request.urlopen(f"{bank}/payments?idempotency_key={intent.key}", timeout=10) as r:
+        rows = json.loads(r.read())["payments"]
+    if not rows:
+        return exactcall.NotLanded()
+    row = rows[0]
+    return exactcall.Landed(
+        {
+            "payment_id": row["id"],
+            "amount": row["amount"],
+            "to": row["to_account"],
+            "found_by": "probe",
+        }
+    )
+
+
+async def cannot_tell(intent: exactcall.Intent) -> Any:
+    return exactcall.Unknown("the ledger is down")
+
+
+def _keyed_post(bank: str, amount: int, to: str) -> dict[str, Any]:
+    """Sends the key so the bank can be asked about it later (it does not dedupe for us)."""
+    return post(bank, "/payments", {"amount": amount, "to": to}, exactcall.idempotency_headers())
+
+
+@exactcall.tool(reconcile=find_payment, heartbeat_timeout=FAST)
+def book(bank: str, amount: int, to: str) -> dict[str, Any]:
+    return _keyed_post(bank, amount, to)
+
+
+@exactcall.tool(reconcile=cannot_tell, heartbeat_timeout=FAST)
+def book_blind(bank: str, amount: int, to: str) -> dict[str, Any]:
+    return _keyed_post(bank, amount, to)
+
+
+@exactcall.tool(heartbeat_timeout=FAST)
+def book_no_probe(bank: str, amount: int, to: str) -> dict[str, Any]:
+    return _keyed_post(bank, amount, to)
+
+
+@exactcall.tool(
+    provider_idempotent=timedelta(seconds=1), reconcile=find_payment, heartbeat_timeout=FAST
+)
+def stripe_like(bank: str, amount: int, to: str) -> dict[str, Any]:
+    """The provider keeps keys for 1 s only: past that, a re-call would be a new payment."""
+    return _keyed_post(bank, amount, to)

@@ -1,0 +1,113 @@
+"""``exactcall unresolved`` and ``exactcall resolve``."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import sys
+from typing import Any
+
+from temporalio.client import Client
+
+from ._cli_approvals import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, _confirm
+from .reconciliation import UnresolvedCall, find, list_unresolved, resolve
+
+__all__ = ["add_parsers", "run"]
+
+
+def add_parsers(sub: Any, connection_args: Any) -> None:
+    u = sub.add_parser("unresolved", help="calls whose outcome is unknown, parked for a person")
+    u.add_argument("--json", action="store_true")
+    connection_args(u)
+    r = sub.add_parser("resolve", help="settle a parked call")
+    r.add_argument("workflow")
+    r.add_argument("step")
+    verdict = r.add_mutually_exclusive_group(required=True)
+    verdict.add_argument("--landed", action="store_true", help="it happened")
+    verdict.add_argument("--not-landed", action="store_true", help="it did not: run it once more")
+    verdict.add_argument("--abandon", action="store_true", help="give up: the call fails")
+    r.add_argument("--result", help="with --landed: the call's result (JSON)")
+    r.add_argument("--reason")
+    r.add_argument("--as", dest="by", help="who decides (default: the OS user)")
+    r.add_argument("--yes", action="store_true", help="do not ask (required without a TTY)")
+    connection_args(r)
+
+
+def _row(u: UnresolvedCall) -> dict[str, Any]:
+    return {
+        "workflow_id": u.workflow_id,
+        "step": u.step,
+        "tool": u.tool,
+        "args": u.args,
+        "args_hash": u.args_hash,
+        "key": u.key,
+        "since": u.since.isoformat(),
+        "reason": u.reason,
+        "reconcile_id": u.reconcile_id,
+    }
+
+
+async def run(ns: argparse.Namespace, client: Client) -> int:
+    if ns.command == "unresolved":
+        rows = await list_unresolved(client)
+        if ns.json:
+            print(json.dumps([_row(u) for u in rows], indent=2))
+        elif not rows:
+            print("No calls are waiting for a verdict.")
+        else:
+            for u in rows:
+                print(f"{u.workflow_id}  {u.step}  {u.tool}  since {u.since:%Y-%m-%d %H:%M:%S}Z")
+                print(f"    args {json.dumps(u.args, sort_keys=True)}")
+                print(f"    why  {u.reason}")
+                print(
+                    f"    exactcall resolve {u.workflow_id} {u.step} --landed|--not-landed|"
+                    "--abandon"
+                )
+        return EXIT_OK
+    return await _resolve(ns, client)
+
+
+async def _resolve(ns: argparse.Namespace, client: Client) -> int:
+    result = None
+    if ns.result is not None:
+        if not ns.landed:
+            print("exactcall resolve: --result goes with --landed", file=sys.stderr)
+            return EXIT_USAGE
+        try:
+            result = json.loads(ns.result)
+        except json.JSONDecodeError as exc:
+            print(f"exactcall resolve: --result is not JSON: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    try:
+        row = await find(client, ns.workflow, ns.step)
+    except LookupError as exc:
+        print(f"exactcall: {exc} (already settled, or not parked yet)", file=sys.stderr)
+        return EXIT_REFUSED
+    verdict = "landed" if ns.landed else "not_landed" if ns.not_landed else "abandon"
+    what = {
+        "landed": "it happened; the call completes with the given result",
+        "not_landed": "it did not happen; the call runs once more with the same key",
+        "abandon": "give up; the call fails with CallAbandoned",
+    }[verdict]
+    print(f"{row.tool} {row.step} of {row.workflow_id}\n    args {json.dumps(row.args)}")
+    print(f"    why  {row.reason}\nverdict: {verdict} ({what})")
+    stop = _confirm("Send this verdict?", ns.yes)
+    if stop is not None:
+        return stop
+    res = await resolve(
+        client,
+        ns.workflow,
+        ns.step,
+        verdict,  # type: ignore[arg-type]
+        result=result,
+        by=ns.by or getpass.getuser(),
+        reason=ns.reason,
+    )
+    if res.accepted:
+        print(f"{verdict} by {res.resolution.by}: accepted")
+        return EXIT_OK
+    print(
+        f"{verdict}: {res.outcome or 'sent; not confirmed (no worker answered)'}", file=sys.stderr
+    )
+    return EXIT_REFUSED

@@ -1,0 +1,121 @@
+"""Settling calls whose outcome is unknown, from Python (the CLI is a thin layer over this)."""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from temporalio.client import Client, WorkflowQueryFailedError
+from temporalio.service import RPCError
+
+from ._reconcile import (
+    RESOLVE_SIGNAL,
+    STATE_QUERY,
+    UNRESOLVED_ATTRIBUTE,
+    UNRESOLVED_MEMO,
+    CallAbandoned,
+    Landed,
+    NotLanded,
+    ReconcileState,
+    Resolution,
+    Settled,
+    Unknown,
+    UnresolvedCall,
+    reconcile_id,
+)
+
+__all__ = [
+    "CallAbandoned",
+    "Landed",
+    "NotLanded",
+    "ReconcileState",
+    "Resolution",
+    "ResolutionResult",
+    "Settled",
+    "Unknown",
+    "UnresolvedCall",
+    "find",
+    "list_unresolved",
+    "reconcile_id",
+    "resolve",
+    "state",
+]
+
+
+@dataclass(frozen=True)
+class ResolutionResult:
+    resolution: Resolution
+    outcome: str | None
+    """"accepted", "rejected: ...", or None when no worker confirmed it in time."""
+
+    @property
+    def accepted(self) -> bool:
+        return self.outcome == "accepted"
+
+
+async def list_unresolved(client: Client) -> list[UnresolvedCall]:
+    """Parked calls across workflows (visibility + memo; no worker needed)."""
+    out: list[UnresolvedCall] = []
+    query = f"{UNRESOLVED_ATTRIBUTE} = true AND ExecutionStatus = 'Running'"
+    async for wf in client.list_workflows(query):
+        row = (await wf.memo()).get(UNRESOLVED_MEMO)
+        if row:
+            out.append(UnresolvedCall.model_validate(row))
+    return out
+
+
+async def find(client: Client, workflow_id: str, step: str) -> UnresolvedCall:
+    """The parked call ``step`` of ``workflow_id``."""
+    for row in await list_unresolved(client):
+        if row.workflow_id == workflow_id and row.step == step:
+            return row
+    raise LookupError(f"no parked call {step!r} in workflow {workflow_id!r}")
+
+
+async def state(client: Client, reconcile_workflow_id: str) -> ReconcileState:
+    handle = client.get_workflow_handle(reconcile_workflow_id)
+    return await handle.query(STATE_QUERY, result_type=ReconcileState)
+
+
+async def resolve(
+    client: Client,
+    workflow_id: str,
+    step: str,
+    verdict: Literal["landed", "not_landed", "abandon"],
+    *,
+    result: Any = None,
+    by: str | None = None,
+    reason: str | None = None,
+    confirm_timeout: float = 10.0,
+) -> ResolutionResult:
+    """A person's verdict on a parked call: ``landed`` (with the call's result),
+    ``not_landed`` (run it once more with the same key) or ``abandon``."""
+    row = await find(client, workflow_id, step)
+    res = Resolution(
+        verdict=verdict,
+        result=result,
+        by=by or getpass.getuser(),
+        reason=reason,
+        resolution_id=uuid.uuid4().hex,
+    )
+    await client.get_workflow_handle(row.reconcile_id).signal(RESOLVE_SIGNAL, res)
+    return ResolutionResult(res, await _confirm(client, row.reconcile_id, res, confirm_timeout))
+
+
+async def _confirm(client: Client, rid: str, res: Resolution, timeout: float) -> str | None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        try:
+            st = await asyncio.wait_for(state(client, rid), max(0.5, deadline - loop.time()))
+        except (RPCError, TimeoutError, WorkflowQueryFailedError):
+            await asyncio.sleep(0.2)
+            continue
+        for r, outcome in st.resolutions:
+            if r.resolution_id == res.resolution_id:
+                return outcome
+        await asyncio.sleep(0.05)
+    return None

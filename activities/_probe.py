@@ -53,7 +53,9 @@ async def await_settled(reconcile_workflow_id: str) -> Settled:
             activity.heartbeat()
         return result.result()
     except WorkflowFailureError as err:
-        raise ExactcallError(f"reconciliation {reconcile_workflow_id} did not settle: {err}")
+        raise ExactcallError(
+            f"reconciliation {reconcile_workflow_id} did not settle: {err}"
+        ) from err
     finally:
         if not result.done():
             result.cancel()

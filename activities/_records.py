@@ -15,7 +15,9 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from exactcall._model import Intent, Owner, RecordEvent, RecordInit, RecordState
 
-__all__ = ["Record", "RecordView"]
+__all__ = ["RECORD_START_DELAY", "Record", "RecordView"]
+
+RECORD_START_DELAY = timedelta(minutes=5)
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,13 @@ class Record:
                     "args_hash": intent.args_hash,
                 },
                 static_summary=f"{intent.tool} {intent.step} of {intent.workflow_id}",
+                # the record runs no code while its call is settling: markers are signals and
+                # readers fold its history, so no worker time is spent per call and no task is
+                # ever in flight (signals reaching a workflow with a task in flight are
+                # buffered out of its history). After the delay it closes once done.
+                start_delay=RECORD_START_DELAY,
                 # a record's tasks are trivial: if a worker dies holding one, the server takes
-                # it back quickly (signals that arrive meanwhile are buffered out of history)
+                # it back quickly
                 task_timeout=timedelta(seconds=2),
             )
         except WorkflowAlreadyStartedError:

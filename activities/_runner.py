@@ -109,8 +109,8 @@ class Attempt:
         maybe_crash("before_claim", self.intent.tool, self.info.attempt)
         if self.previous_phase == "done":
             return await self._finish_recording()
-        if await self.record.claim(self.owner, self.info.attempt):
-            return await self._call()
+        if await self._claim_and_beat():
+            return await self._call(beat=False)
         async with self._keepalive(self._unchanged_details()):
             view = await self.record.read()
         if view is None:  # a record that vanished (retention): claim it anew
@@ -188,9 +188,24 @@ class Attempt:
         return state.result
 
     # -- calling ----------------------------------------------------------------------------
-    async def _call(self) -> Any:
-        maybe_crash("before_call", self.intent.tool, self.info.attempt)
-        await self._beat({"phase": "calling", "attempt": self.info.attempt})
+    async def _claim_and_beat(self) -> bool:
+        """Claim the record and write the pre-call heartbeat in parallel (one round trip).
+
+        The tool is called only if both succeeded; if the key is already claimed, the
+        heartbeat says "calling" for a call that did not happen, which can only make a later
+        attempt more careful (AmbiguousOutcome), never make it call twice.
+        """
+        if self.previous_phase == "calling":  # keep what the earlier attempt wrote
+            return False
+        claimed, _ = await asyncio.gather(
+            self.record.claim(self.owner, self.info.attempt),
+            self._beat({"phase": "calling", "attempt": self.info.attempt}),
+        )
+        return claimed
+
+    async def _call(self, beat: bool = True) -> Any:
+        if beat:
+            await self._beat({"phase": "calling", "attempt": self.info.attempt})
         maybe_crash("in_call", self.intent.tool, self.info.attempt)
         try:
             result = await self._invoke(beat_phase="calling")

@@ -1,12 +1,15 @@
 """Crash points for crash tests: kill this worker process with SIGKILL at a named point.
 
 Set ``EXACTCALL_CRASH_AT`` to a comma-separated list of ``tool:point[:attempt]`` (``*`` for
-any tool) before the worker starts. Points: ``before_claim`` (nothing written yet),
-``before_call`` (the key's record is claimed, the pre-call heartbeat is not written yet: the
-last moment at which "not called" is still provable), ``in_call`` (the pre-call heartbeat is
-written, the tool is not called yet: from outside, the call may have happened), ``after_call`` (the tool returned, its
-result is not recorded yet), ``after_record`` (the result is recorded, the activity has not
-completed yet). Unset, it costs one environment lookup.
+any tool) before the worker starts. Points:
+
+* ``before_claim``: nothing of this attempt is written yet (the call surely did not happen);
+* ``in_call``: the record is claimed and the pre-call heartbeat written, the tool is not
+  called yet (from outside, the call may have happened);
+* ``after_call``: the tool returned, its result is not recorded yet;
+* ``after_record``: the result is recorded, the activity has not completed yet.
+
+Unset, it costs one environment lookup.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import sys
 __all__ = ["CRASH_ENV", "POINTS", "maybe_crash"]
 
 CRASH_ENV = "EXACTCALL_CRASH_AT"
-POINTS = ("before_claim", "before_call", "in_call", "after_call", "after_record")
+POINTS = ("before_claim", "in_call", "after_call", "after_record")
 
 
 def _parse(spec: str) -> list[tuple[str, str, int | None]]:

@@ -8,8 +8,6 @@ validated with ``docker compose config -q``, which needs no daemon.
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -176,42 +174,3 @@ def test_default_tools_module_exists(services: dict[str, dict[str, Any]]) -> Non
     assert module == "exactcall.demo.tools"
     path = REPO_ROOT.joinpath(*module.split(".")).with_suffix(".py")
     assert path.is_file(), f"default tools module {module} not found at {path}"
-
-
-def _compose_command() -> list[str] | None:
-    """The Docker Compose client installed here, if any (plugin or standalone)."""
-    candidates = []
-    if shutil.which("docker"):
-        candidates.append(["docker", "compose"])
-    if shutil.which("docker-compose"):
-        candidates.append(["docker-compose"])
-    for candidate in candidates:
-        try:
-            result = subprocess.run(
-                [*candidate, "version"], capture_output=True, text=True, timeout=30, check=False
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if result.returncode == 0:
-            return candidate
-    return None
-
-
-COMPOSE_CMD = _compose_command()
-
-
-@pytest.mark.skipif(
-    COMPOSE_CMD is None,
-    reason="no Docker Compose client installed (`docker compose version` fails)",
-)
-def test_docker_compose_config_validates() -> None:
-    assert COMPOSE_CMD is not None
-    result = subprocess.run(
-        [*COMPOSE_CMD, "-f", str(COMPOSE_FILE), "config", "-q"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=REPO_ROOT,
-    )
-    assert result.returncode == 0, result.stderr

@@ -35,15 +35,20 @@ async def crash_then_recover(
     return out, attempts
 
 
-async def test_killed_before_the_call_calls_it(
+async def test_killed_between_the_markers_and_the_call_is_unknown_not_re_sent(
     client: Client, worker_process: Callable[..., WorkerProcess], tq: str, bank: Bank, who: str
 ) -> None:
+    # from outside, an attempt that wrote its pre-call markers may have called the tool
     out, attempts = await crash_then_recover(
-        client, worker_process, tq, "pay:before_call:1", step("pay", bank.url, 10, who)
+        client,
+        worker_process,
+        tq,
+        "pay:in_call:1",
+        step("pay", bank.url, 10, who, on_unknown="raise"),
     )
-    assert out[0]["ok"]["to"] == who
+    assert out[0]["error"] == "AmbiguousOutcome"
     assert attempts == [2]
-    assert bank.count(to=who) == 1
+    assert bank.count(to=who) == 0
 
 
 async def test_killed_after_the_effect_is_unknown_and_not_re_sent(

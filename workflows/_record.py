@@ -24,7 +24,7 @@ def record_id(key: str) -> str:
     return f"exactcall-call-{key}"
 
 
-@workflow.defn(name=RECORD_WORKFLOW)
+@workflow.defn(name=RECORD_WORKFLOW, sandboxed=False)  # pure code over exactcall's models
 class CallRecord:
     """Holds the state of one key; attempts write markers to it as signals."""
 

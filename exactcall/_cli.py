@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from datetime import timedelta
@@ -169,6 +170,11 @@ def _server(ns: argparse.Namespace) -> int:
         fast=False,
         log_level="warn",
     )
+
+    def _stop(signum: int, frame: object) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, _stop)  # stop the child server on `kill` too, not only Ctrl-C
     server.start()
     print(f"Temporal dev server on {server.address} (namespace: default)")
     if server.ui_url:
@@ -177,7 +183,7 @@ def _server(ns: argparse.Namespace) -> int:
     print("Ctrl-C to stop.", flush=True)
     try:
         return server.wait()
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit):
         return 0
     finally:
         server.stop()

@@ -17,7 +17,7 @@ from pathlib import Path
 from exactcall.activities import Record
 from temporalio.client import Client
 
-from exactcall import Intent
+from exactcall import Intent, approvals
 from exactcall._server import DevServer
 from exactcall._worker import Connection, connect
 from exactcall.demo.bank import Bank
@@ -53,6 +53,30 @@ async def main() -> None:
             await h2.result()
             await _save(client, h2.id, "continue_as_new_first", run_id=h2.run_id)
             await _save(client, h2.id, "continue_as_new_last")
+            # approval: a call released by a decision bound to its args hash
+            h3 = await client.start_workflow(
+                Agent.run,
+                plan(step("transfer", bank.url, 10, "alice")),
+                id="hist-approval",
+                task_queue="histories",
+            )
+            while not (await approvals.view(client, h3.id)).pending:
+                await asyncio.sleep(0.1)
+            req = await approvals.pending(client, h3.id)
+            await approvals.approve(client, h3.id, req.step, args_hash=req.args_hash, by="ops")
+            await h3.result()
+            await _save(client, h3.id, "approval")
+            # reconciliation: the answer is lost, the probe finds the payment
+            h4 = await client.start_workflow(
+                Agent.run,
+                plan(step("book_then_explode", bank.url, 10, "carol")),
+                id="hist-reconcile",
+                task_queue="histories",
+            )
+            await h4.result()
+            await _save(client, h4.id, "reconciliation_agent")
+            async for wf in client.list_workflows("WorkflowType = 'exactcall.Reconcile'"):
+                await _save(client, wf.id, "reconciliation")
             # the per-key record of the first payment
             hist = await h.fetch_history()
             intent_payload = next(

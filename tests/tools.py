@@ -201,3 +201,10 @@ def book_no_probe(bank: str, amount: int, to: str) -> dict[str, Any]:
 def stripe_like(bank: str, amount: int, to: str) -> dict[str, Any]:
     """The provider keeps keys for 1 s only: past that, a re-call would be a new payment."""
     return _keyed_post(bank, amount, to)
+
+
+@exactcall.tool(reconcile=find_payment, heartbeat_timeout=FAST)
+def book_then_explode(bank: str, amount: int, to: str) -> dict[str, Any]:
+    """Books the payment, then loses the answer: the probe must find it."""
+    _keyed_post(bank, amount, to)
+    raise ConnectionResetError("connection reset after the request was sent")

@@ -1,0 +1,69 @@
+"""`exactcall server` and `exactcall worker` as a person runs them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
+from temporalio.client import Client
+
+from exactcall._server import free_port, port_open
+from tests.conftest import ROOT
+
+
+async def test_server_starts_says_where_and_stops_its_child_on_sigterm(tmp_path: Path) -> None:
+    port = free_port()
+    env = {**os.environ, "EXACTCALL_HOME": str(tmp_path)}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "exactcall",
+        "server",
+        "--port",
+        str(port),
+        "--headless",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+        cwd=ROOT,
+    )
+    assert proc.stdout is not None
+    lines = [(await asyncio.wait_for(proc.stdout.readline(), 30)).decode() for _ in range(3)]
+    assert f"Temporal dev server on 127.0.0.1:{port}" in lines[0]
+    assert str(tmp_path / "temporal.db") in lines[1]
+    client = await Client.connect(f"127.0.0.1:{port}")
+    info = await client.workflow_service.get_system_info(GetSystemInfoRequest())
+    assert info.server_version
+    proc.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(proc.wait(), 30) == 0
+    for _ in range(100):
+        if not port_open("127.0.0.1", port):
+            break
+        await asyncio.sleep(0.1)
+    assert not port_open("127.0.0.1", port), "the dev server outlived `exactcall server`"
+    assert (tmp_path / "temporal.db").exists()
+
+
+async def test_worker_usage_errors_exit_2() -> None:
+    for args in (
+        ["worker"],
+        ["worker", "--task-queue", "q"],
+        ["worker", "--task-queue", "q", "--tools", "no.such.module"],
+    ):
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "exactcall",
+            *args,
+            "--address",
+            "127.0.0.1:1",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=ROOT,
+        )
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+        assert proc.returncode == 2, (args, err)

@@ -104,6 +104,24 @@ def _parser() -> argparse.ArgumentParser:
     _cli_approvals.add_parsers(sub, _connection_args)
     _cli_reconcile.add_parsers(sub, _connection_args)
 
+    rp = sub.add_parser("replay", help="replay stored histories; check nondeterminism and intents")
+    rp.add_argument("paths", nargs="+", metavar="PATH", help="history JSON files or folders")
+    rp.add_argument("--workflows", action="append", default=[], metavar="MODULE[:CLASS]",
+                    required=True)
+    rp.add_argument("--tools", action="append", default=[], metavar="MODULE",
+                    help="modules to import first (tools used by the workflows)")
+    rp.add_argument("--namespace", help="namespace the histories ran in (default: from the "
+                    "recorded intents)")
+    rp.add_argument("--json", action="store_true")
+
+    h = sub.add_parser("history", help="workflow histories")
+    hsub = h.add_subparsers(dest="history_command", required=True)
+    ex = hsub.add_parser("export", help="write a workflow's history as JSON (for replay tests)")
+    ex.add_argument("workflow")
+    ex.add_argument("--run-id")
+    ex.add_argument("-o", "--output", type=Path, help="file (default: stdout)")
+    _connection_args(ex)
+
     d = sub.add_parser("demo", help="show a crash with and without exactcall, side by side")
     d.add_argument("--keep", action="store_true", help="keep the demo's bank database")
     _connection_args(d)
@@ -126,6 +144,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_worker(ns))
         if ns.command in ("approvals", "approve", "deny", "unresolved", "resolve"):
             return asyncio.run(_client_command(ns))
+        if ns.command == "replay":
+            return asyncio.run(_replay(ns))
+        if ns.command == "history":
+            return asyncio.run(_history_export(ns))
         if ns.command == "demo":
             from .demo.run import run_demo
 
@@ -150,6 +172,48 @@ async def _client_command(ns: argparse.Namespace) -> int:
     if ns.command in ("unresolved", "resolve"):
         return await _cli_reconcile.run(ns, client)
     return await _cli_approvals.run(ns, client)
+
+
+async def _replay(ns: argparse.Namespace) -> int:
+    import json
+
+    from ._replay import replay_histories
+    from ._worker import load_tools, load_workflows
+
+    sys.path.insert(0, os.getcwd())
+    load_tools(_split(ns.tools))
+    workflows = load_workflows(_split(ns.workflows))
+    paths: list[Path] = []
+    for p in map(Path, ns.paths):
+        paths += sorted(p.glob("*.json")) if p.is_dir() else [p]
+    if not paths:
+        print("exactcall replay: no history files", file=sys.stderr)
+        return 2
+    reports = await replay_histories(paths, workflows, namespace=ns.namespace)
+    if ns.json:
+        print(json.dumps([r.__dict__ for r in reports], indent=2))
+    else:
+        for r in reports:
+            print(f"{'ok  ' if r.ok else 'FAIL'} {r.path} ({r.workflow_id}, {r.calls} calls)")
+            for problem in r.problems:
+                print(f"     {problem}")
+    return 0 if all(r.ok for r in reports) else 1
+
+
+async def _history_export(ns: argparse.Namespace) -> int:
+    import json
+
+    from ._worker import connect
+
+    client = await connect(_connection(ns))
+    history = await client.get_workflow_handle(ns.workflow, run_id=ns.run_id).fetch_history()
+    text = json.dumps(history.to_json_dict(), indent=1) + "\n"
+    if ns.output:
+        ns.output.write_text(text)
+        print(f"wrote {ns.output} ({len(history.events)} events)")
+    else:
+        sys.stdout.write(text)
+    return 0
 
 
 def _split(values: Sequence[str]) -> list[str]:

@@ -11,6 +11,7 @@ from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
 import exactcall
+from exactcall._replay import replay_histories
 from tests.workflows import Agent, BareAgent, Rounds, Uncaught
 from tests.workflows_changed import AgentWithExtraLookup
 
@@ -54,3 +55,63 @@ async def test_an_incompatible_change_fails_replay() -> None:
     )
     with pytest.raises(NondeterminismError):
         await replayer.replay_workflow(load(HISTORIES / "plain_call.json"))
+
+
+async def test_exactcall_replay_catches_intent_drift_that_temporal_replay_misses() -> None:
+    from tests.workflows_changed import AgentPaysOneMore
+
+    history = load(HISTORIES / "plain_call.json")
+    plain = Replayer(
+        workflows=[AgentPaysOneMore], plugins=[exactcall.Plugin(tools=[])], namespace="default"
+    )
+    await plain.replay_workflow(history)  # Temporal's own replay does not see the change
+    [report] = await replay_histories([HISTORIES / "plain_call.json"], [AgentPaysOneMore])
+    assert not report.ok
+    assert any("args_hash" in p and "pay#1" in p for p in report.problems), report.problems
+    [good] = await replay_histories([HISTORIES / "plain_call.json"], [Agent])
+    assert good.ok and good.calls == 3 and good.namespace == "default"
+
+
+async def test_replay_cli_reports_per_file_and_exits_1(tmp_path: Path) -> None:
+    import asyncio
+    import sys
+
+    from tests.conftest import ROOT
+
+    async def run(*args: str) -> tuple[int, str]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "exactcall",
+            "replay",
+            *args,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            cwd=ROOT,
+        )
+        out, _ = await proc.communicate()
+        assert proc.returncode is not None
+        return proc.returncode, out.decode()
+
+    rc, out = await run(str(HISTORIES), "--workflows", "tests.workflows", "--tools", "tests.tools")
+    assert rc == 0, out
+    assert out.count("ok ") == len(list(HISTORIES.glob("*.json")))
+    rc, out = await run(
+        str(HISTORIES / "plain_call.json"),
+        "--workflows",
+        "tests.workflows_changed:AgentPaysOneMore",
+        "--tools",
+        "tests.tools",
+    )
+    assert rc == 1 and "FAIL" in out and "intent drift" in out
+    # a history replayed under another namespace derives other keys: reported, not hidden
+    rc, out = await run(
+        str(HISTORIES / "reconciliation_agent.json"),
+        "--workflows",
+        "tests.workflows",
+        "--tools",
+        "tests.tools",
+        "--namespace",
+        "elsewhere",
+    )
+    assert rc == 1, out

@@ -22,3 +22,19 @@ class AgentWithExtraLookup:
             {"ok": await exactcall.call(s["tool"], *s["args"], key=s.get("key"))}
             for s in plan["steps"]
         ]
+
+
+@workflow.defn(name="Agent")
+class AgentPaysOneMore:
+    """Same commands, other arguments: Temporal's replay passes, the intents do not."""
+
+    @workflow.run
+    async def run(self, plan: dict[str, Any]) -> list[dict[str, Any]]:
+        out = []
+        for s in plan["steps"]:
+            args = [a + 1 if isinstance(a, int) else a for a in s["args"]]
+            try:
+                out.append({"ok": await exactcall.call(s["tool"], *args, key=s.get("key"))})
+            except exactcall.ExactcallError as err:
+                out.append({"error": err.code})
+        return out

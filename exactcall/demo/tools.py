@@ -5,8 +5,12 @@ production compose file do that). Every tool takes the bank's base URL as its fi
 
 * ``pay``: the bank dedupes on ``Idempotency-Key`` and exactcall sends the call's derived key,
   so a crashed attempt is re-sent with the same key and the bank replays its receipt;
-* ``pay_no_key``: the same payment without a key (a destination that cannot dedupe), so a
-  crash inside the call ends as ``AmbiguousOutcome`` instead of a second payment;
+* ``pay_probed``: sends the key so the bank records it, but is not declared provider
+  idempotent; a call of unknown outcome is settled by its probe (:func:`find_payment`), which
+  asks the bank ``GET /payments?idempotency_key=K``;
+* ``pay_no_key``: the same payment without a key and without a probe, so a crash inside the
+  call is parked for a person (``exactcall resolve``) instead of sent a second time;
+* ``approved_pay``: waits for a person to approve its exact arguments before it runs;
 * ``bare_pay``: a plain Temporal activity without exactcall, for comparison.
 
 No side effects at import time.
@@ -18,6 +22,7 @@ import asyncio
 import json
 import os
 import signal
+import urllib.parse
 import urllib.request
 from datetime import timedelta
 from typing import Any
@@ -26,7 +31,15 @@ from temporalio import activity
 
 import exactcall
 
-__all__ = ["CRASH_BARE_ENV", "bare_pay", "pay", "pay_no_key"]
+__all__ = [
+    "CRASH_BARE_ENV",
+    "approved_pay",
+    "bare_pay",
+    "find_payment",
+    "pay",
+    "pay_no_key",
+    "pay_probed",
+]
 
 CRASH_BARE_ENV = "EXACTCALL_DEMO_CRASH_BARE"
 """Set (to anything non-empty) to SIGKILL the worker right after ``bare_pay``'s payment."""
@@ -50,9 +63,43 @@ def _post_payment(
     return receipt
 
 
+def _payments_with_key(bank: str, key: str) -> list[dict[str, Any]]:
+    """``GET {bank}/payments?idempotency_key=K``: the payments the bank booked under ``key``."""
+    query = urllib.parse.urlencode({"idempotency_key": key})
+    with urllib.request.urlopen(f"{bank.rstrip('/')}/payments?{query}", timeout=HTTP_TIMEOUT) as r:
+        rows: list[dict[str, Any]] = json.loads(r.read())["payments"]
+    return rows
+
+
 @exactcall.tool(provider_idempotent=True, heartbeat_timeout=HEARTBEAT)
 async def pay(bank: str, amount: int, to: str) -> dict[str, Any]:
     """Pay ``amount`` to ``to``; the bank dedupes on the call's idempotency key."""
+    headers = exactcall.idempotency_headers()
+    return await asyncio.to_thread(_post_payment, bank, amount, to, headers)
+
+
+def find_payment(intent: exactcall.Intent) -> Any:
+    """Reconcile probe of ``pay_probed``: did the bank book a payment under the call's key?"""
+    rows = _payments_with_key(str(intent.args["bank"]), intent.key)
+    if not rows:
+        return exactcall.NotLanded()
+    row = rows[0]
+    return exactcall.Landed(
+        {
+            "payment_id": row["id"],
+            "amount": row["amount"],
+            "to": row["to_account"],
+            "idempotency_key": row["idempotency_key"],
+            "status": "succeeded",
+            "found_by": "probe",
+        }
+    )
+
+
+@exactcall.tool(reconcile=find_payment, heartbeat_timeout=HEARTBEAT)
+async def pay_probed(bank: str, amount: int, to: str) -> dict[str, Any]:
+    """Pay, sending the key so the bank records it (it is not trusted to dedupe): a call of
+    unknown outcome is settled by asking the bank for the key (:func:`find_payment`)."""
     headers = exactcall.idempotency_headers()
     return await asyncio.to_thread(_post_payment, bank, amount, to, headers)
 
@@ -61,6 +108,13 @@ async def pay(bank: str, amount: int, to: str) -> dict[str, Any]:
 async def pay_no_key(bank: str, amount: int, to: str) -> dict[str, Any]:
     """Pay without an idempotency key: the bank books every request it gets."""
     return await asyncio.to_thread(_post_payment, bank, amount, to)
+
+
+@exactcall.tool(approval=True, provider_idempotent=True, heartbeat_timeout=HEARTBEAT)
+async def approved_pay(bank: str, amount: int, to: str) -> dict[str, Any]:
+    """Pay once a person has approved these exact arguments (the bank dedupes the key)."""
+    headers = exactcall.idempotency_headers()
+    return await asyncio.to_thread(_post_payment, bank, amount, to, headers)
 
 
 @activity.defn(name="bare_pay")

@@ -37,15 +37,17 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from exactcall.workflows import MARK_SIGNAL, RECORD_WORKFLOW, CallRecord
-from temporalio import workflow
+from exactcall.activities._records import RECORD_START_DELAY
+from exactcall.workflows import RECORD_WORKFLOW
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 
-from exactcall._model import Intent, RecordInit, RecordState
+from exactcall._model import Intent, RecordInit
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # `python bench/overhead.py` puts it there already
     sys.path.insert(0, str(HERE))
+
+from _guard import watch  # noqa: E402
 
 MODES = ("bare", "exactcall")
 LATENCY_TARGET = 1.5  # exactcall latency / bare latency, at most
@@ -342,37 +344,37 @@ def fmt(v: float | None) -> str:
 
 
 # -- profile: an instrumented copy of the tool activity ------------------------------------
-@workflow.defn(name=RECORD_WORKFLOW, sandboxed=False)
-class UnsandboxedRecord(CallRecord):
-    """exactcall's record workflow, unchanged, but run outside the sandbox (profile only)."""
-
-    @workflow.run
-    async def run(self, init: RecordInit) -> RecordState:
-        return await super().run(init)
-
-
-RECORD_DELAY = timedelta(seconds=1)
+RECORD_DELAY = timedelta(seconds=1)  # the short delay of the "CPU charged" variant
 
 
 @dataclass(frozen=True)
 class Variant:
+    """A change to the package's protocol (the first attempt's fast path only). The package
+    claims the record and sends the pre-call heartbeat at once, starts the record with
+    ``start_delay=RECORD_START_DELAY`` and runs it outside the sandbox; each flag undoes or
+    changes one of those."""
+
     name: str
-    parallel: bool = False  # claim the record and send the pre-call heartbeat at once
+    sequential: bool = False  # claim, then the pre-call heartbeat (before the gather)
+    delay: timedelta | None = RECORD_START_DELAY  # the record's start_delay (None: none)
+    sandboxed: bool = False  # the record workflow inside the sandbox
     eager: bool = False  # start the record with request_eager_start=True
-    unsandboxed: bool = False  # the record workflow outside the sandbox
-    delayed: bool = False  # start the record with start_delay: no workflow task per call
     no_beat: bool = False  # no pre-call heartbeat (changes the protocol: see README)
+
+    @property
+    def copies_claim(self) -> bool:
+        return self.eager or self.delay != RECORD_START_DELAY
 
 
 VARIANTS = (
     Variant("as-is (instrumented copy)"),
-    Variant("claim || heartbeat", parallel=True),
-    Variant("eager record start", eager=True),
-    Variant("unsandboxed record wf", unsandboxed=True),
-    Variant(f"delayed record ({RECORD_DELAY.total_seconds():g}s)", delayed=True),
+    Variant("claim, then heartbeat", sequential=True),
+    Variant("undelayed record", delay=None),
+    Variant("sandboxed record wf", sandboxed=True),
+    Variant("old protocol (seq+undel+sbx)", sequential=True, delay=None, sandboxed=True),
+    Variant(f"record delay {RECORD_DELAY.total_seconds():g}s (charged)", delay=RECORD_DELAY),
+    Variant("eager start, undelayed", eager=True, delay=None),
     Variant("no pre-call heartbeat", no_beat=True),
-    Variant("|| + unsandboxed + delayed", parallel=True, unsandboxed=True, delayed=True),
-    Variant("no beat + unsandb. + delayed", no_beat=True, unsandboxed=True, delayed=True),
 )
 
 
@@ -405,20 +407,20 @@ def timed_activity_factory() -> Callable[[Any, Variant, Sink], Callable[..., Awa
         async def claim(self, owner: Any, attempt: int) -> bool:
             t0 = time.perf_counter()
             try:
-                if not (self.variant.eager or self.variant.delayed):
+                if not self.variant.copies_claim:
                     return await super().claim(owner, attempt)
                 return await self._claim_copy(owner, attempt)
             finally:
                 self.sink.stages["claim: start record wf RPC"].append(time.perf_counter() - t0)
 
         async def _claim_copy(self, owner: Any, attempt: int) -> bool:
-            """Record.claim, with request_eager_start or start_delay."""
+            """Record.claim, with another start_delay (or none) or request_eager_start."""
             intent = self._intent
-            extra: dict[str, Any] = {}
+            extra: dict[str, Any] = {"task_timeout": timedelta(seconds=2)}
             if self.variant.eager:
                 extra["request_eager_start"] = True
-            if self.variant.delayed:
-                extra["start_delay"] = RECORD_DELAY
+            if self.variant.delay is not None:
+                extra["start_delay"] = self.variant.delay
             try:
                 handle = await self._client.start_workflow(
                     RECORD_WORKFLOW,
@@ -454,31 +456,29 @@ def timed_activity_factory() -> Callable[[Any, Variant, Sink], Callable[..., Awa
             super().__init__(t, intent)
             self.record = TimedRecord(activity.client(), intent, variant, sink)
             self.variant, self.sink = variant, sink
-            self._beaten = False
 
         def _check_intent(self) -> None:
             t0 = time.perf_counter()
             super()._check_intent()
             self.sink.stages["check intent (hash, key)"].append(time.perf_counter() - t0)
 
-        async def _settle(self) -> Any:
-            if self.variant.parallel and self.previous_phase is None:
-                # sketch: claim and pre-call heartbeat at once; call only once both are durable
-                t0 = time.perf_counter()
-                claimed, _ = await asyncio.gather(
-                    self.record.claim(self.owner, self.info.attempt),
-                    self._beat({"phase": "calling", "attempt": self.info.attempt}),
-                )
-                self.sink.stages["claim || heartbeat"].append(time.perf_counter() - t0)
-                if claimed:
-                    self._beaten = True
-                    return await self._call()
-            return await super()._settle()
+        async def _claim_and_beat(self) -> bool:
+            t0 = time.perf_counter()
+            if not self.variant.sequential:
+                try:
+                    return await super()._claim_and_beat()
+                finally:
+                    self.sink.stages["claim || heartbeat"].append(time.perf_counter() - t0)
+            # before the gather: claim, and only once the record exists the heartbeat
+            if self.previous_phase == "calling":
+                return False
+            claimed = await self.record.claim(self.owner, self.info.attempt)
+            if claimed:
+                await self._beat({"phase": "calling", "attempt": self.info.attempt})
+            self.sink.stages["claim, then heartbeat"].append(time.perf_counter() - t0)
+            return claimed
 
         async def _beat(self, details: dict[str, Any]) -> None:
-            if self._beaten:  # the parallel variant already sent this one
-                self._beaten = False
-                return
             if self.variant.no_beat and details.get("phase") == "calling":
                 return
             t0 = time.perf_counter()
@@ -510,14 +510,14 @@ def timed_activity_factory() -> Callable[[Any, Variant, Sink], Callable[..., Awa
     return timed_activity
 
 
-def sample_intent(i: int, task_queue: str) -> Intent:
+def sample_intent(i: int, task_queue: str, prefix: str = "bench-exactcall") -> Intent:
     """The intent exactcall.call builds for ``ec_work(i)`` (what intent_of does)."""
     import exactcall
     from exactcall._canonical import args_hash, derive_key
 
     t = exactcall.get_tool("ec_work")
     canonical = t.canonical_args((i,), {})
-    wid = f"bench-exactcall-{i:032x}"
+    wid = f"{prefix}-{i:032x}"
     return Intent(
         tool=t.name,
         tool_version=t.version,
@@ -576,22 +576,31 @@ def pure_costs(iterations: int = 2000) -> dict[str, float]:
 
 async def rpc_costs(client: Any, meter: CpuMeter, n: int = 200) -> dict[str, dict[str, float]]:
     """Latency and CPU of the RPCs a call adds, one at a time, with no worker on the queue:
-    the record start exactly as Record.claim sends it, a bare start, and the marker signal."""
+    the record start as the package's Record.claim sends it (with its start_delay), the same
+    without the delay (before the change), a bare start, and the marker signal (Record.mark,
+    to a delayed record, as the package sends it)."""
+    from exactcall.activities._records import Record
+
     from exactcall._model import Owner, RecordEvent
 
     tq = f"bench-noworker-{uuid.uuid4().hex[:8]}"
+    prefix = f"bench-rpc-{uuid.uuid4().hex[:8]}"  # fresh keys: a second run must not collide
     owner = Owner(run_id="bench-run", activity_id="ec_work#1")
-    ids = [f"bench-rpc-{uuid.uuid4().hex}" for _ in range(n)]
-
-    def init(i: int) -> RecordInit:
-        return RecordInit(intent=sample_intent(i, tq), owner=owner, attempt=1)
+    intents = [sample_intent(i, tq, prefix) for i in range(n)]
+    records = [Record(client, intent) for intent in intents]
 
     async def claim(i: int) -> None:
-        intent = init(i).intent
+        assert await records[i].claim(owner, 1)
+
+    def init(i: int) -> RecordInit:
+        return RecordInit(intent=intents[i], owner=owner, attempt=1)
+
+    async def undelayed(i: int) -> None:
+        intent = intents[i]
         await client.start_workflow(
             RECORD_WORKFLOW,
             init(i),
-            id=ids[i],
+            id=records[i].id + "-u",
             task_queue=tq,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
@@ -602,20 +611,23 @@ async def rpc_costs(client: Any, meter: CpuMeter, n: int = 200) -> dict[str, dic
                 "args_hash": intent.args_hash,
             },
             static_summary=f"{intent.tool} {intent.step} of {intent.workflow_id}",
+            task_timeout=timedelta(seconds=2),
         )
 
     async def plain_start(i: int) -> None:
-        await client.start_workflow(RECORD_WORKFLOW, init(i), id=ids[i] + "-p", task_queue=tq)
+        await client.start_workflow(
+            RECORD_WORKFLOW, init(i), id=records[i].id + "-p", task_queue=tq
+        )
 
     async def signal(i: int) -> None:
-        event = RecordEvent(kind="done", owner=owner, attempt=1, result={"n": i})
-        await client.get_workflow_handle(ids[i]).signal(MARK_SIGNAL, event)
+        await records[i].mark(RecordEvent(kind="done", owner=owner, attempt=1, result={"n": i}))
 
     out: dict[str, dict[str, float]] = {}
     for name, op in (
-        ("start record wf, as Record.claim", claim),
-        ("start record wf, no memo/summary", plain_start),
-        ("signal a marker, as Record.mark", signal),
+        ("start record wf, Record.claim (delayed)", claim),
+        ("start record wf, undelayed (before)", undelayed),
+        ("start record wf, no memo/summary/delay", plain_start),
+        ("signal a marker, Record.mark", signal),
     ):
         lat: list[float] = []
         before = meter.snap()
@@ -628,8 +640,15 @@ async def rpc_costs(client: Any, meter: CpuMeter, n: int = 200) -> dict[str, dic
     return out
 
 
-async def profile(args: argparse.Namespace, address: str, server_pid: int | None) -> dict:
-    from _bench_workflows import BareCalls, ExactCalls, bare_work
+async def profile(
+    args: argparse.Namespace,
+    address: str,
+    server_pid: int | None,
+    done: Callable[[dict[str, Any]], None],
+) -> None:
+    """Run the profile; ``done(figures)`` is called before the workers shut down (a crash at
+    worker shutdown, sdk-python #300, must not lose the figures)."""
+    from _bench_workflows import BareCalls, ExactCalls, SandboxedRecord, bare_work
     from exactcall.activities._records import Record
 
     import exactcall
@@ -656,8 +675,8 @@ async def profile(args: argparse.Namespace, address: str, server_pid: int | None
             if only and not any(o in v.name for o in only):
                 continue
             plugin = exactcall.Plugin(tools=[])
-            if v.unsandboxed:
-                plugin.workflows = [UnsandboxedRecord]
+            if v.sandboxed:
+                plugin.workflows = [SandboxedRecord]
             client = await connect(conn, plugin)
             sink = Sink()
             vtq = f"bench-prof-{run_id}-{len(configs)}"
@@ -738,16 +757,18 @@ async def profile(args: argparse.Namespace, address: str, server_pid: int | None
 
         rpcs = await rpc_costs(main_client, b.meter) if server_pid is not None else {}
 
-    return {
-        "rpc_costs": rpcs,
-        "sequential_s": seq,
-        "k_workflow_s_per_call": kwf,
-        "stages_ms": stages,
-        "eager_fraction": eager,
-        "record_checks": checks,
-        "concurrent": conc,
-        "pure_costs": pure_costs(),
-    }
+        done(
+            {
+                "rpc_costs": rpcs,
+                "sequential_s": seq,
+                "k_workflow_s_per_call": kwf,
+                "stages_ms": stages,
+                "eager_fraction": eager,
+                "record_checks": checks,
+                "concurrent": conc,
+                "pure_costs": pure_costs(),
+            }
+        )
 
 
 def print_profile(p: dict[str, Any], args: argparse.Namespace) -> None:
@@ -795,7 +816,7 @@ def print_profile(p: dict[str, Any], args: argparse.Namespace) -> None:
         log("\nRPCs one at a time, no worker on the queue (p50 ms; CPU ms per RPC)")
         for name, r in p["rpc_costs"].items():
             log(
-                f"  {name:<36} {r['p50_ms']:6.2f}   cpu proc {r['cpu_ms_per_call_process']:5.2f}"
+                f"  {name:<40} {r['p50_ms']:6.2f}   cpu proc {r['cpu_ms_per_call_process']:5.2f}"
                 f"   server {r.get('cpu_ms_per_call_server', float('nan')):5.2f}"
             )
     log("\npure code, outside a workflow (per call)")
@@ -895,6 +916,7 @@ async def amain(args: argparse.Namespace) -> int:
         else:
             log("        stock dynamic config (transfer queue poll limits 20/s, timer shift 1s)")
     server_pid = server._proc.pid if server is not None and server._proc is not None else None
+    watch(server_pid)  # stop the server even if this process crashes (sdk-python #300)
     log(
         f"host: {config['cpus']} CPUs, Python {config['python']}, temporalio "
         f"{config['temporalio']}; worker: SDK defaults (100 concurrent activities and "
@@ -903,11 +925,23 @@ async def amain(args: argparse.Namespace) -> int:
     log(f"logs: exactcall/temporalio at {args.log_level.upper()}, JSON lines to {log_path}")
     config["loadavg_start"] = os.getloadavg()
     log(f"load average before: {fmt_load(config['loadavg_start'])} (other processes add noise)")
+
+    def finish(result: dict[str, Any]) -> None:
+        """Print the end of the run and write the JSON, before the workers shut down."""
+        result["config"]["started"] = stamp
+        result["config"]["loadavg_end"] = os.getloadavg()
+        log(f"load average after: {fmt_load(result['config']['loadavg_end'])}")
+        json_path.write_text(json.dumps(result, indent=1))
+        log(f"\nraw numbers: {json_path}\nlogs: {log_path}")
+
     try:
         if args.profile:
-            p = await profile(args, address, server_pid)
-            print_profile(p, args)
-            result: dict[str, Any] = {"config": config, "profile": p}
+
+            def profile_done(p: dict[str, Any]) -> None:
+                print_profile(p, args)
+                finish({"config": config, "profile": p})
+
+            await profile(args, address, server_pid, profile_done)
         else:
             from _bench_workflows import BareCalls, ExactCalls, bare_work
 
@@ -924,26 +958,18 @@ async def amain(args: argparse.Namespace) -> int:
                     "process": bench.meter.idle_process,
                     "server": bench.meter.idle_server,
                 }
-            rows = summarise(raw, args)
-            log(f"\nmeasured in {time.perf_counter() - t0:.0f}s; memory: {MEMORY_METHOD}\n")
-            print_table(rows)
-            result = {
-                "config": config,
-                "summary": {
+                rows = summarise(raw, args)
+                log(f"\nmeasured in {time.perf_counter() - t0:.0f}s; memory: {MEMORY_METHOD}\n")
+                print_table(rows)
+                summary = {
                     r["key"]: {k: r[k] for k in ("metric", "bare", "exactcall", "ratio", "meets")}
                     | {"target": list(r["target"]) if r["target"] else None}
                     for r in rows
-                },
-                "raw": raw,
-            }
+                }
+                finish({"config": config, "summary": summary, "raw": raw})
     finally:
         if server is not None:
             server.stop()
-    result["config"]["started"] = stamp
-    result["config"]["loadavg_end"] = os.getloadavg()
-    log(f"load average after: {fmt_load(result['config']['loadavg_end'])}")
-    json_path.write_text(json.dumps(result, indent=1))
-    log(f"\nraw numbers: {json_path}\nlogs: {log_path}")
     return 0
 
 

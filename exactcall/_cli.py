@@ -106,12 +106,19 @@ def _parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("replay", help="replay stored histories; check nondeterminism and intents")
     rp.add_argument("paths", nargs="+", metavar="PATH", help="history JSON files or folders")
-    rp.add_argument("--workflows", action="append", default=[], metavar="MODULE[:CLASS]",
-                    required=True)
-    rp.add_argument("--tools", action="append", default=[], metavar="MODULE",
-                    help="modules to import first (tools used by the workflows)")
-    rp.add_argument("--namespace", help="namespace the histories ran in (default: from the "
-                    "recorded intents)")
+    rp.add_argument(
+        "--workflows", action="append", default=[], metavar="MODULE[:CLASS]", required=True
+    )
+    rp.add_argument(
+        "--tools",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="modules to import first (tools used by the workflows)",
+    )
+    rp.add_argument(
+        "--namespace", help="namespace the histories ran in (default: from the recorded intents)"
+    )
     rp.add_argument("--json", action="store_true")
 
     h = sub.add_parser("history", help="workflow histories")
@@ -121,6 +128,25 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--run-id")
     ex.add_argument("-o", "--output", type=Path, help="file (default: stdout)")
     _connection_args(ex)
+
+    c = sub.add_parser("chaos", help="lose API responses on purpose: do agents repeat actions?")
+    up = c.add_mutually_exclusive_group(required=True)
+    up.add_argument("--upstream", metavar="URL", help="the API to forward requests to")
+    up.add_argument("--mock", action="store_true", help="answer with a built-in mock API instead")
+    c.add_argument(
+        "--fault",
+        choices=["drop-response", "error-after-commit"],
+        default="drop-response",
+        help="how the first response to each write is lost",
+    )
+    c.add_argument("--port", type=int, default=0, help="proxy port (default: a free one)")
+    c.add_argument("--json", action="store_true")
+    c.add_argument(
+        "cmd",
+        nargs="*",
+        metavar="-- COMMAND",
+        help="the agent to run; it finds the proxy in EXACTCALL_CHAOS_URL",
+    )
 
     d = sub.add_parser("demo", help="show a crash with and without exactcall, side by side")
     d.add_argument("--keep", action="store_true", help="keep the demo's bank database")
@@ -148,6 +174,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_replay(ns))
         if ns.command == "history":
             return asyncio.run(_history_export(ns))
+        if ns.command == "chaos":
+            from ._chaos import run_chaos
+
+            return run_chaos(ns.cmd, ns.upstream, ns.fault, ns.port, as_json=ns.json)
         if ns.command == "demo":
             from .demo.run import run_demo
 

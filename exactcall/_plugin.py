@@ -141,7 +141,7 @@ async def ensure_search_attributes(client: Client) -> None:
             ListSearchAttributesRequest(namespace=ns)
         )
     except RPCError as exc:  # e.g. Temporal Cloud: registered through its own console/API
-        log.warning("approvals.search_attribute_unchecked", error=str(exc))
+        log.warning("worker.search_attributes_unchecked", error=str(exc))
         return
     missing = [n for n in SEARCH_ATTRIBUTES if n not in resp.custom_attributes]
     if not missing:

@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import os
-import signal
-import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -18,10 +13,10 @@ import pytest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Worker
 
-import exactcall
 from exactcall._server import DevServer
-from exactcall._worker import Connection, build_worker, connect
+from exactcall._worker import build_worker
 from exactcall.demo.bank import Bank
+from exactcall.testing import WorkerProcess as TestingWorker
 from tests import tools
 from tests.workflows import Agent, BareAgent, Forge, Rounds, Uncaught
 
@@ -31,14 +26,13 @@ ACTIVITIES = [tools.bare_pay]
 
 
 @pytest.fixture(scope="session")
-def server() -> Iterator[DevServer]:
-    with DevServer(fast=True) as srv:
-        yield srv
+def server(exactcall_server: DevServer) -> DevServer:
+    return exactcall_server
 
 
 @pytest.fixture(scope="session")
-async def client(server: DevServer) -> Client:
-    return await connect(Connection(address=server.address, namespace="default"))
+async def client(exactcall_client: Client) -> Client:
+    return exactcall_client
 
 
 @pytest.fixture(scope="session")
@@ -95,75 +89,25 @@ async def start_agent(
     )
 
 
-class WorkerProcess:
-    """``exactcall worker`` in a child process, to be killed with SIGKILL."""
-
-    def __init__(self, server: DevServer, tq: str, crash_at: str | None = None) -> None:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "EXACTCALL_LOG_LEVEL": "INFO"}
-        env.pop(exactcall._crash.CRASH_ENV, None)
-        if crash_at:
-            env[exactcall._crash.CRASH_ENV] = crash_at
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "exactcall",
-                "worker",
-                "--address",
-                server.address,
-                "--namespace",
-                "default",
-                "--task-queue",
-                tq,
-                "--tools",
-                "tests.tools",
-                "--workflows",
-                "tests.workflows",
-                "--sticky-timeout",
-                "1",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-
-    async def started(self, timeout: float = 30) -> WorkerProcess:
-        assert self.proc.stderr is not None
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while loop.time() < deadline:
-            line = await asyncio.to_thread(self.proc.stderr.readline)
-            if b"worker.started" in line:
-                asyncio.get_running_loop().run_in_executor(None, self._drain)
-                return self
-            if not line and self.proc.poll() is not None:
-                raise RuntimeError(f"worker exited with {self.proc.returncode}")
-        raise TimeoutError("worker did not start")
-
-    def _drain(self) -> None:
-        assert self.proc.stderr is not None
-        for _ in iter(self.proc.stderr.readline, b""):
-            pass
-
-    async def killed(self, timeout: float = 60) -> int:
-        """Wait until the process died (a crash point SIGKILLs it)."""
-        return await asyncio.wait_for(asyncio.to_thread(self.proc.wait), timeout)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-        if self.proc.stderr:
-            self.proc.stderr.close()
+def tests_worker(server: DevServer, tq: str, crash_at: str | None = None) -> TestingWorker:
+    """``exactcall worker`` for the test tools and workflows, in a child process."""
+    return TestingWorker(
+        server.address,
+        tq,
+        tools=["tests.tools"],
+        workflows=["tests.workflows"],
+        crash_at=crash_at,
+        env={"EXACTCALL_LOG_LEVEL": "INFO"},
+        cwd=ROOT,
+    )
 
 
 @pytest.fixture
-def worker_process(server: DevServer) -> Iterator[Callable[..., WorkerProcess]]:
-    started: list[WorkerProcess] = []
+def worker_process(server: DevServer) -> Iterator[Callable[..., TestingWorker]]:
+    started: list[TestingWorker] = []
 
-    def make(tq: str, crash_at: str | None = None) -> WorkerProcess:
-        wp = WorkerProcess(server, tq, crash_at)
+    def make(tq: str, crash_at: str | None = None) -> TestingWorker:
+        wp = tests_worker(server, tq, crash_at)
         started.append(wp)
         return wp
 

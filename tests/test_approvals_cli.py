@@ -22,7 +22,8 @@ import exactcall
 from exactcall import approvals
 from exactcall._server import DevServer, temporal_binary
 from exactcall.demo.bank import Bank
-from tests.conftest import ROOT, WorkerProcess, plan, start_agent, step
+from exactcall.testing import WorkerProcess
+from tests.conftest import ROOT, plan, start_agent, step
 from tests.test_approvals import eventually, pending_of
 
 

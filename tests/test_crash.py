@@ -10,7 +10,8 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from exactcall.demo.bank import Bank
-from tests.conftest import WorkerProcess, plan, start_agent, step
+from exactcall.testing import WorkerProcess
+from tests.conftest import plan, start_agent, step
 
 pytestmark = pytest.mark.crash
 

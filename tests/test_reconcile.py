@@ -13,7 +13,8 @@ from temporalio.client import Client
 from exactcall import reconciliation
 from exactcall._server import DevServer
 from exactcall.demo.bank import Bank
-from tests.conftest import WorkerProcess, plan, start_agent, step
+from exactcall.testing import WorkerProcess
+from tests.conftest import plan, start_agent, step
 from tests.test_approvals import eventually
 from tests.test_approvals_cli import cli
 

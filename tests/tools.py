@@ -208,3 +208,12 @@ def book_then_explode(bank: str, amount: int, to: str) -> dict[str, Any]:
     """Books the payment, then loses the answer: the probe must find it."""
     _keyed_post(bank, amount, to)
     raise ConnectionResetError("connection reset after the request was sent")
+
+
+@exactcall.tool(heartbeat_timeout=FAST)
+def counted_send(channel: str, text: str) -> str:
+    """Counts every real execution through the test kit's effect counter."""
+    from exactcall.testing import record_effect
+
+    record_effect(f"send:{channel}")
+    return f"sent {text!r} to {channel}"

@@ -1,17 +1,27 @@
-"""``exactcall demo``: the same payment, a worker killed right after it, with and without exactcall.
+"""``exactcall demo``: the same payment, with and without exactcall, five ways side by side.
 
-Three scenarios run side by side, each on a fresh task queue with its own account at a local
-demo bank, each with a worker process (A) that is killed with SIGKILL right after the payment
-and a second worker (B) that takes over:
+Five scenarios run at once, each on a fresh task queue with its own accounts at a local demo
+bank. In the first four a worker process (A) is killed with SIGKILL right after the payment
+and a second worker (B) takes over:
 
 * a plain Temporal activity: the retry pays again (2 payments);
-* exactcall with a destination that dedupes the key: re-sent with the same key, the bank
-  replays its receipt (1 payment, done);
-* exactcall with a destination that cannot dedupe: not re-sent, the outcome is reported as
-  unknown (1 payment, ``AmbiguousOutcome``).
+* exactcall with a destination that dedupes the key (``pay``): re-sent with the same key, the
+  bank replays its receipt (1 payment, done);
+* exactcall with a probe (``pay_probed``): the retry finds the outcome unknown, the call's
+  reconciliation asks the bank for its key and finds it landed (1 payment, reconciled);
+* exactcall with neither (``pay_no_key``, ``on_unknown="raise"``): not re-sent, the agent hears
+  at once that the outcome is unknown and the call is parked for a person, listed by
+  ``exactcall unresolved`` until ``exactcall resolve`` settles it (1 payment). It is left
+  parked.
+
+The fifth runs on one healthy worker: ``approved_pay(10, alice)`` waits for a person, the demo
+approves its exact hash and it runs; the agent then asks for ``approved_pay(9999, mallory)``,
+the same approval sent to that call is rejected (hash mismatch), and the demo denies it
+(1 payment).
 
 It uses the Temporal server given by the connection flags (default localhost:7233), or starts
-the embedded dev server when none answers. Everything it starts is stopped when it ends.
+the embedded dev server when none answers. Everything it starts is stopped when it ends, except
+the parked call on a server of your own.
 """
 
 from __future__ import annotations
@@ -27,32 +37,43 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from temporalio.client import Client, WorkflowHandle
 
+from exactcall import approvals, reconciliation
+from exactcall._canonical import derive_key
 from exactcall._crash import CRASH_ENV
 from exactcall._plugin import Plugin
 from exactcall._server import DevServer
 from exactcall._worker import Connection, connect
 from exactcall.demo.bank import Bank
+from exactcall.workflows import record_id
 
 __all__ = ["run_demo"]
+
+T = TypeVar("T")
 
 CONNECT_TIMEOUT = 2.0
 WORKER_START_TIMEOUT = 60.0
 CRASH_TIMEOUT = 60.0
 RESULT_TIMEOUT = 30.0
+POLL_TIMEOUT = 30.0
+QUERY_TIMEOUT = 10.0
 AMOUNT = 10
+CHANGED_AMOUNT = 9999
+APPROVER = "demo"
+TOOL_VERSION = "1"  # the demo's tools keep the default version (part of their keys)
 TOOLS_MODULE = "exactcall.demo.tools"
 WORKFLOWS_MODULE = "exactcall.demo.workflows"
 CRASH_BARE_ENV = "EXACTCALL_DEMO_CRASH_BARE"  # exactcall.demo.tools.CRASH_BARE_ENV
 STDERR_LINE_LIMIT = 1 << 20
 TAIL_LINES = 20
+RESOLVE_FLAGS = "--landed|--not-landed|--abandon"
 
 
 @dataclass(frozen=True)
@@ -62,8 +83,10 @@ class Scenario:
     workflow: str
     tool: str | None
     crash_env: dict[str, str]
+    """Environment of worker A, which is SIGKILLed by it; empty: one healthy worker."""
     expect_payments: int
     expect_status: str
+    on_unknown: str | None = None
 
 
 SCENARIOS = (
@@ -86,15 +109,38 @@ SCENARIOS = (
         expect_status="done",
     ),
     Scenario(
-        key="unknown",
-        label="exactcall (crash inside the call)",
+        key="probe",
+        label="exactcall (crash inside, with a probe)",
+        workflow="PaymentAgent",
+        tool="pay_probed",
+        crash_env={CRASH_ENV: "pay_probed:after_call"},
+        expect_payments=1,
+        expect_status="reconciled",
+    ),
+    Scenario(
+        key="parked",
+        label="exactcall (crash inside, no probe)",
         workflow="PaymentAgent",
         tool="pay_no_key",
         crash_env={CRASH_ENV: "pay_no_key:after_call"},
         expect_payments=1,
-        expect_status="unknown",
+        expect_status="parked",
+        on_unknown="raise",
+    ),
+    Scenario(
+        key="approval",
+        label="exactcall (approval of exact args)",
+        workflow="ApprovalAgent",
+        tool="approved_pay",
+        crash_env={},
+        expect_payments=1,
+        expect_status="denied",
     ),
 )
+
+
+class Unexpected(Exception):
+    """A scenario went off its script (the message says how)."""
 
 
 @dataclass
@@ -106,29 +152,32 @@ class Outcome:
     status: str | None = None
     detail: str = ""
     error: str | None = None
+    lines: list[str] = field(default_factory=list)
+    """Printed under the scenario's row when it went as expected."""
 
     @property
     def as_expected(self) -> bool:
-        sc = self.scenario
-        return (
-            self.error is None
-            and self.payments == sc.expect_payments
-            and self.status == sc.expect_status
-        )
+        return not self.differences()
 
     def note(self) -> str:
         if self.error is not None:
             return f"error: {self.error}"
         sc = self.scenario
-        if sc.key == "plain" and self.payments == 2:
+        if not self.as_expected:
+            return f"{self.status}: {self.detail}" if self.detail else str(self.status)
+        if sc.key == "plain":
             return "paid twice: the retry sent it again"
-        if sc.key == "dedupe" and self.status == "done" and self.payments == 1:
+        if sc.key == "dedupe":
             if self.requests is not None and self.requests >= 2:
                 return "done: re-sent with the same key, the bank replayed it"
             return "done: paid once"
-        if sc.key == "unknown" and self.status == "unknown" and self.payments == 1:
-            return "unknown: not re-sent (AmbiguousOutcome)"
-        return f"{self.status}: {self.detail}" if self.detail else str(self.status)
+        if sc.key == "probe":
+            return "reconciled: landed by the probe, not re-sent"
+        if sc.key == "parked":
+            return "unknown: not re-sent, parked for a person"
+        if sc.key == "approval":
+            return "the approved call paid; the changed one was rejected, then denied"
+        return str(self.status)
 
     def differences(self) -> list[str]:
         if self.error is not None:
@@ -356,35 +405,69 @@ class Demo:
         return wp
 
     async def scenario(self, sc: Scenario) -> Outcome:
-        account = f"alice-{self.run_id}-{sc.key}"
-        outcome = Outcome(sc, account)
+        outcome = Outcome(sc, f"alice-{self.run_id}-{sc.key}")
         try:
-            await self._play(sc, outcome)
+            if sc.crash_env:
+                await self._crash(sc, outcome)
+            else:
+                await self._approval(sc, outcome)
         except Exception as exc:
             outcome.error = _describe(exc)
         return outcome
 
-    async def _play(self, sc: Scenario, outcome: Outcome) -> None:
-        assert self.client is not None and self.bank is not None
+    async def _start(
+        self, sc: Scenario, args: list[Any], workflow_id: str, task_queue: str
+    ) -> WorkflowHandle[Any, Any]:
+        assert self.client is not None
+        handle = await self.client.start_workflow(
+            sc.workflow,
+            args=args,
+            id=workflow_id,
+            task_queue=task_queue,
+            execution_timeout=timedelta(minutes=10),
+            result_type=dict,
+        )
+        self.handles.append(handle)
+        return handle
+
+    def _leave_nothing(
+        self, workflow_id: str, tool: str, calls: int
+    ) -> list[WorkflowHandle[Any, Any]]:
+        """On a server that outlives the demo, cleanup also ends the call records (and the
+        reconciliations) of ``workflow_id``'s calls: they are served by the demo's workers only.
+        """
+        assert self.client is not None and self.target is not None
+        if self.target.embedded:
+            return []
+        added = []
+        for n in range(1, calls + 1):
+            key = derive_key(self.target.namespace, workflow_id, f"{tool}#{n}", tool, TOOL_VERSION)
+            for wid in (record_id(key), reconciliation.reconcile_id(key)):
+                added.append(self.client.get_workflow_handle(wid))
+        self.handles += added
+        return added
+
+    def _rows(self, *accounts: str) -> list[dict[str, Any]]:
+        assert self.bank is not None
+        return [row for account in accounts for row in self.bank.store.payments(None, account)]
+
+    async def _crash(self, sc: Scenario, outcome: Outcome) -> None:
+        """Worker A is killed right after the payment; worker B takes over."""
+        assert self.client is not None and self.bank is not None and self.target is not None
         suffix = uuid.uuid4().hex[:12]
         task_queue = f"exactcall-demo-{sc.key}-{suffix}"
         workflow_id = f"exactcall-demo-{sc.key}-{suffix}"
         args: list[Any] = [self.bank.url, AMOUNT, outcome.account]
         if sc.tool is not None:
             args.append(sc.tool)
+        if sc.on_unknown is not None:
+            args.append(sc.on_unknown)
+        call = self._leave_nothing(workflow_id, sc.tool, 1) if sc.tool is not None else []
 
         a = await self.spawn(f"{sc.key}-A", task_queue, sc.crash_env)
         try:
             await a.started()
-            handle = await self.client.start_workflow(
-                sc.workflow,
-                args=args,
-                id=workflow_id,
-                task_queue=task_queue,
-                execution_timeout=timedelta(minutes=10),
-                result_type=dict,
-            )
-            self.handles.append(handle)
+            handle = await self._start(sc, args, workflow_id, task_queue)
             await a.died()
         except Exception:
             _explain(a)
@@ -400,17 +483,165 @@ class Demo:
                 raise TimeoutError(
                     f"the workflow did not finish within {RESULT_TIMEOUT:.0f} s"
                 ) from None
+            outcome.status = str(result.get("status"))
+            outcome.detail = str(result.get("reason") or "")
+            rows = await asyncio.to_thread(self._rows, outcome.account)
+            if sc.key == "probe" and outcome.status == "done":
+                await self._check_reconciled(outcome, result, rows)  # B answers the query
         except Exception:
             _explain(b)
             raise
         finally:
             await b.close()
+        if sc.key == "parked" and outcome.status == "unknown":
+            await self._check_parked(outcome, workflow_id, task_queue)
+            # parked as it should be: left for `exactcall resolve` on a server of your own
+            self.handles = [h for h in self.handles if h not in call]
 
-        rows = await asyncio.to_thread(self.bank.store.payments, None, outcome.account)
+        rows = await asyncio.to_thread(self._rows, outcome.account)
+        outcome.payments = len(rows)
+        outcome.requests = sum(int(r["request_count"]) for r in rows)
+
+    async def _check_reconciled(
+        self, outcome: Outcome, result: dict[str, Any], rows: list[dict[str, Any]]
+    ) -> None:
+        """Done after a crash inside the call: ask the reconciliation who decided, and how."""
+        assert self.client is not None
+        keys = [r["idempotency_key"] for r in rows if r["idempotency_key"]]
+        if not keys:
+            outcome.detail = "the bank has no payment under the call's key"
+            return
+        rid = reconciliation.reconcile_id(keys[0])
+        try:
+            st = await asyncio.wait_for(reconciliation.state(self.client, rid), QUERY_TIMEOUT)
+        except Exception as exc:
+            raise Unexpected(f"the reconciliation {rid} did not answer: {_describe(exc)}") from exc
+        settled = st.settled
+        if settled is None:
+            outcome.detail = f"the reconciliation is {st.phase}"
+        elif (settled.verdict, settled.decided_by) != ("landed", "probe"):
+            outcome.detail = f"settled by {settled.decided_by}: {settled.verdict}"
+        elif (result.get("receipt") or {}).get("found_by") != "probe":
+            outcome.detail = "the result is not the probe's"
+        else:
+            outcome.status = "reconciled"
+
+    async def _check_parked(self, outcome: Outcome, workflow_id: str, task_queue: str) -> None:
+        """Unknown at once: the call must be listed as parked (visibility is eventual)."""
+        assert self.client is not None and self.target is not None
+        client = self.client
+
+        async def listed() -> list[reconciliation.UnresolvedCall]:
+            rows = await reconciliation.list_unresolved(client)
+            return [r for r in rows if r.workflow_id == workflow_id]
+
+        rows = await _poll(listed, bool, POLL_TIMEOUT, "the call was not listed as parked")
+        row = rows[0]
+        outcome.status = "parked"
+        outcome.lines.append(
+            f"parked; `exactcall resolve {row.workflow_id} {row.step} {RESOLVE_FLAGS}` settles it"
+        )
+        if self.target.embedded:
+            outcome.lines.append("(it ends with the embedded server; on yours it stays parked)")
+        else:
+            outcome.lines.append(
+                f"(a worker must serve it: exactcall worker --task-queue {task_queue} "
+                f"--tools {TOOLS_MODULE} --workflows {WORKFLOWS_MODULE})"
+            )
+
+    async def _approval(self, sc: Scenario, outcome: Outcome) -> None:
+        """Approve the exact call; the agent changes it; the same approval must not fit."""
+        assert self.client is not None and self.bank is not None
+        client = self.client
+        suffix = uuid.uuid4().hex[:12]
+        task_queue = f"exactcall-demo-{sc.key}-{suffix}"
+        workflow_id = f"exactcall-demo-{sc.key}-{suffix}"
+        mallory = f"mallory-{self.run_id}-{sc.key}"
+        args = [self.bank.url, AMOUNT, outcome.account, CHANGED_AMOUNT, mallory]
+
+        async def waiting() -> approvals.ApprovalRequest:
+            return await asyncio.wait_for(approvals.pending(client, workflow_id), QUERY_TIMEOUT)
+
+        if sc.tool is not None:
+            self._leave_nothing(workflow_id, sc.tool, 2)
+        w = await self.spawn(sc.key, task_queue, {})
+        try:
+            await w.started()
+            handle = await self._start(sc, args, workflow_id, task_queue)
+            first = await _poll(waiting, bool, POLL_TIMEOUT, "no call waited for approval")
+            yes = await approvals.approve(
+                client, workflow_id, first.step, args_hash=first.args_hash, by=APPROVER
+            )
+            if not yes.accepted:
+                raise Unexpected(f"approving {first.step} was not accepted: {yes.outcome}")
+            self.say(
+                f"  {sc.label}: pay({AMOUNT}, alice) waited for a person; approved as "
+                f"{APPROVER!r} (hash {first.args_hash[:12]})"
+            )
+            second = await _poll(
+                waiting,
+                lambda r: r.step != first.step,
+                POLL_TIMEOUT,
+                "the changed call did not wait for approval",
+            )
+            paid_first = len(await asyncio.to_thread(self._rows, outcome.account))
+            # the approval of pay(10, alice), sent as it was to the new call
+            same = await approvals.approve(
+                client, workflow_id, second.step, args_hash=first.args_hash, by=APPROVER
+            )
+            view = await asyncio.wait_for(approvals.view(client, workflow_id), QUERY_TIMEOUT)
+            still_pending = second.step in [p.step for p in view.pending]
+            self.say(
+                f"  {sc.label}: the model changed it to pay({CHANGED_AMOUNT}, mallory); the "
+                f"same approval: {_short(same.outcome)}"
+            )
+            no = await approvals.deny(
+                client,
+                workflow_id,
+                second.step,
+                args_hash=second.args_hash,
+                by=APPROVER,
+                reason="not what was approved",
+            )
+            try:
+                result: dict[str, Any] = await asyncio.wait_for(handle.result(), RESULT_TIMEOUT)
+            except TimeoutError:
+                raise TimeoutError(
+                    f"the workflow did not finish within {RESULT_TIMEOUT:.0f} s"
+                ) from None
+        except Exception:
+            _explain(w)
+            raise
+        finally:
+            await w.close()
+
+        rows = await asyncio.to_thread(self._rows, outcome.account, mallory)
         outcome.payments = len(rows)
         outcome.requests = sum(int(r["request_count"]) for r in rows)
         outcome.status = str(result.get("status"))
         outcome.detail = str(result.get("reason") or "")
+        script = [
+            (paid_first == 1, f"the approved call made {paid_first} payment(s), not 1"),
+            (
+                second.args.get("amount") == CHANGED_AMOUNT and second.args.get("to") == mallory,
+                f"the second call waiting for approval is {second.args}",
+            ),
+            (
+                not same.accepted and same.outcome.startswith("hash mismatch"),
+                f"the approval of the first call, sent to the changed one: {same.outcome}",
+            ),
+            (still_pending, "the changed call did not stay pending after the rejected approval"),
+            (no.accepted, f"denying the changed call: {no.outcome}"),
+        ]
+        wrong = [why for ok, why in script if not ok]
+        if wrong:
+            outcome.status, outcome.detail = "off script", "; ".join(wrong)
+            return
+        outcome.lines.append(
+            f"yes to pay({AMOUNT}, alice) -> paid; the model changed it to "
+            f"pay({CHANGED_AMOUNT}, mallory) -> that yes was rejected (hash mismatch); "
+            "denied, nothing ran"
+        )
 
     # -- report -----------------------------------------------------------------------------
     def report(self, outcomes: Sequence[Outcome], seconds: float) -> int:
@@ -418,7 +649,10 @@ class Demo:
         self.say()
         for o in outcomes:
             count = "?" if o.payments is None else str(o.payments)
-            self.say(f"  {o.scenario.label:<{width}} payments: {count:<3} {o.note()}")
+            self.say(f"  {o.scenario.label:<{width}}  payments: {count:<3} {o.note()}")
+            if o.as_expected:
+                for line in o.lines:
+                    self.say(f"      {line}")
         self.say()
         differences = [d for o in outcomes for d in o.differences()]
         for d in differences:
@@ -427,7 +661,10 @@ class Demo:
             self.say()
         self.say(f"finished in {seconds:.1f} s")
         if self.keep and self.bank is not None:
-            self.say(f"bank database: {self.bank.db_path} (accounts alice-{self.run_id}-*)")
+            self.say(
+                f"bank database: {self.bank.db_path} (accounts alice-{self.run_id}-*, "
+                f"mallory-{self.run_id}-*)"
+            )
         return 1 if differences else 0
 
     # -- cleanup ----------------------------------------------------------------------------
@@ -437,12 +674,10 @@ class Demo:
         for wp in self.workers:
             await wp.close()
         if self.server is None and self.client is not None:
-            # a server that outlives the demo: end the demo's unfinished workflows
-            for handle in self.handles:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(
-                        handle.terminate(reason="exactcall demo ended before it finished"), 5
-                    )
+            # a server that outlives the demo: end the demo's unfinished workflows, and its
+            # calls' records, which no worker will serve (not the parked call: it is left for
+            # `exactcall resolve`)
+            await asyncio.gather(*(_terminate(h) for h in self.handles))
         if self.bank is not None:
             self.bank.stop()
         if self._server_start is not None:
@@ -453,6 +688,40 @@ class Demo:
         self._executor.shutdown(wait=False)
         if self.tmp is not None and not self.keep:
             shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+async def _terminate(handle: WorkflowHandle[Any, Any]) -> None:
+    with contextlib.suppress(Exception):  # already closed, or never started
+        await asyncio.wait_for(handle.terminate(reason="the exactcall demo is over"), 5)
+
+
+async def _poll(
+    fn: Callable[[], Awaitable[T]], ok: Callable[[T], bool], timeout: float, failure: str
+) -> T:
+    """``fn()`` until ``ok`` of its value (errors count as not yet); TimeoutError past
+    ``timeout`` seconds, with ``failure`` and the last error as its message."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    last: str | None = None
+    while True:
+        try:
+            value = await fn()
+        except Exception as exc:
+            last = _describe(exc)
+        else:
+            if ok(value):
+                return value
+        if loop.time() > deadline:
+            raise TimeoutError(
+                f"{failure} within {timeout:.0f} s" + (f" (last error: {last})" if last else "")
+            )
+        await asyncio.sleep(0.1)
+
+
+def _short(text: str) -> str:
+    """``hash mismatch: the pending call's args hash is ...`` -> ``rejected (hash mismatch)``."""
+    head = text.split(":", 1)[0]
+    return f"rejected ({head})" if head == "hash mismatch" else text
 
 
 def _describe(exc: BaseException) -> str:
@@ -477,8 +746,8 @@ async def run_demo(conn: Connection, keep: bool = False) -> int:
         await demo.find_server()
         demo.start_bank()
         demo.say(
-            f'exactcall demo: pay({AMOUNT}, "alice"), worker killed with SIGKILL right after '
-            "the payment"
+            f'exactcall demo: pay({AMOUNT}, "alice") five ways at once; in the first four the '
+            "worker is killed with SIGKILL right after the payment"
         )
         demo.say()
         outcomes = await asyncio.gather(*(demo.scenario(sc) for sc in SCENARIOS))

@@ -12,6 +12,7 @@ from temporalio import activity
 from temporalio.client import WorkflowFailureError
 
 from exactcall._context import running
+from exactcall._crash import maybe_crash
 from exactcall._errors import ExactcallError
 from exactcall._model import Intent
 from exactcall._reconcile import Settled, Verdict, to_verdict
@@ -27,11 +28,17 @@ def probe_activity(t: Tool) -> Callable[[Intent], Awaitable[Verdict]]:
     assert probe is not None
 
     async def run(intent: Intent) -> Verdict:
+        maybe_crash("in_probe", intent.tool, activity.info().attempt, intent.step)
         with running(intent):
             if inspect.iscoroutinefunction(probe):
-                answer = await probe(intent)
+                work = asyncio.ensure_future(probe(intent))
             else:
-                answer = await asyncio.to_thread(probe, intent)
+                work = asyncio.ensure_future(asyncio.to_thread(probe, intent))
+            beat = max(0.2, t.options.heartbeat_timeout.total_seconds() / 4)
+            while not work.done():  # heartbeat, so a probe on a dead worker is retried soon
+                activity.heartbeat()
+                await asyncio.wait({work}, timeout=beat)
+            answer = work.result()
         verdict = to_verdict(answer)
         activity.logger.info("probe %s %s: %s", intent.tool, intent.step, verdict.kind)
         return verdict

@@ -31,7 +31,7 @@ from temporalio.exceptions import ApplicationError
 from exactcall._approval import ApprovalMissing
 from exactcall._canonical import args_hash, derive_key, to_json_value
 from exactcall._context import running
-from exactcall._crash import maybe_crash
+from exactcall._crash import maybe_crash, note_execution
 from exactcall._errors import (
     AmbiguousOutcome,
     ExactcallError,
@@ -106,7 +106,7 @@ class Attempt:
 
     # -- deciding -------------------------------------------------------------------------
     async def _settle(self) -> Any:
-        maybe_crash("before_claim", self.intent.tool, self.info.attempt)
+        maybe_crash("before_claim", self.intent.tool, self.info.attempt, self.intent.step)
         if self.previous_phase == "done":
             return await self._finish_recording()
         if await self._claim_and_beat():
@@ -206,12 +206,12 @@ class Attempt:
     async def _call(self, beat: bool = True) -> Any:
         if beat:
             await self._beat({"phase": "calling", "attempt": self.info.attempt})
-        maybe_crash("in_call", self.intent.tool, self.info.attempt)
+        maybe_crash("in_call", self.intent.tool, self.info.attempt, self.intent.step)
         try:
             result = await self._invoke(beat_phase="calling")
         except Exception as exc:
             return await self._failed(exc)
-        maybe_crash("after_call", self.intent.tool, self.info.attempt)
+        maybe_crash("after_call", self.intent.tool, self.info.attempt, self.intent.step)
         try:
             value = to_json_value(result, f"{self.intent.tool}() result")
         except InvalidCall as exc:
@@ -223,7 +223,7 @@ class Attempt:
                 **self._fields(),
             ) from None
         await self._done(value)
-        maybe_crash("after_record", self.intent.tool, self.info.attempt)
+        maybe_crash("after_record", self.intent.tool, self.info.attempt, self.intent.step)
         self.log.info("tool.executed")
         return value
 
@@ -232,6 +232,9 @@ class Attempt:
         pos, kw = t.arguments_for_call(self.intent.args)
         if t.takes_key:
             kw["idempotency_key"] = self.intent.key
+        if beat_phase != "read_only":
+            i = self.intent
+            note_execution(i.tool, i.step, i.key, self.info.attempt, i.workflow_id)
         with running(self.intent):
             if t.is_async:
                 work: Awaitable[Any] = t.fn(*pos, **kw)

@@ -2,9 +2,10 @@
 
 ``DevServer`` starts ``temporal server start-dev`` in its own session, so it outlives a bench
 process that segfaults (temporalio sdk-python #300: a process that ran a worker can crash,
-seen here during worker shutdown). ``watch(pid)`` starts a tiny watchdog that sends SIGTERM
-to the server's process group once this process is gone; after a normal run the server is
-already stopped and the watchdog just exits (within ``POLL`` seconds of this process).
+seen here during worker shutdown); so does a worker subprocess started in its own session.
+``watch(pid)`` starts a tiny watchdog that sends SIGTERM to that process group once this
+process is gone; after a normal run the child is already stopped and the watchdog just exits
+(within ``POLL`` seconds of this process).
 """
 
 from __future__ import annotations
@@ -16,27 +17,29 @@ POLL = 0.5
 
 _WATCHDOG = """
 import os, signal, sys, time
-parent, server = int(sys.argv[1]), int(sys.argv[2])
+parent, server, marker = int(sys.argv[1]), int(sys.argv[2]), sys.argv[4].encode()
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 while os.getppid() == parent:
     time.sleep(float(sys.argv[3]))
 try:
     with open(f"/proc/{server}/cmdline", "rb") as f:
-        if b"start-dev" in f.read():
+        if marker in f.read():
             os.killpg(server, signal.SIGTERM)
 except OSError:
     pass
 """
 
 
-def watch(server_pid: int | None) -> None:
-    """Start the watchdog for the server ``server_pid`` (no-op for None)."""
-    if server_pid is None:
+def watch(pid: int | None, marker: bytes = b"start-dev") -> None:
+    """Start the watchdog for the process group led by ``pid`` (no-op for None): SIGTERM once
+    this process is gone, if ``pid`` is still a process whose command line holds ``marker``."""
+    if pid is None:
         return
     import os
 
+    argv = [str(os.getpid()), str(pid), str(POLL), marker.decode()]
     subprocess.Popen(
-        [sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(server_pid), str(POLL)],
+        [sys.executable, "-c", _WATCHDOG, *argv],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

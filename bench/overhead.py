@@ -230,14 +230,16 @@ async def measure(b: Bench, args: argparse.Namespace) -> dict[str, Any]:
     mem: dict[str, dict[str, float]] = {}
     if not args.no_memory:
         log(f"4. memory: one untimed round of {args.m} concurrent workflows per mode, tracemalloc")
+        # Started once and never stopped: on Python < 3.12.9, tracemalloc.stop() races with
+        # allocations in other threads (CPython gh-128679) and the SDK's Rust threads allocate
+        # all the time: two runs segfaulted in traceback_new right after a stop(). The process
+        # ends with os._exit, so tracing is never torn down; clear_traces() zeroes the counts.
+        tracemalloc.start()
         for mode in MODES:
             gc.collect()
-            tracemalloc.start()
-            try:
-                await b.concurrent(mode, args.m)
-                current, peak = tracemalloc.get_traced_memory()
-            finally:
-                tracemalloc.stop()
+            tracemalloc.clear_traces()
+            await b.concurrent(mode, args.m)
+            current, peak = tracemalloc.get_traced_memory()
             mem[mode] = {"peak_bytes": peak, "retained_bytes": current}
     raw["tracemalloc"] = mem
     return raw

@@ -148,6 +148,23 @@ def _parser() -> argparse.ArgumentParser:
         help="the agent to run; it finds the proxy in EXACTCALL_CHAOS_URL",
     )
 
+    ct = sub.add_parser("crashtest", help="kill the worker at every boundary; count executions")
+    ct.add_argument("target", nargs="?", metavar="MODULE:WORKFLOW")
+    ct.add_argument("--demo", action="store_true", help="crash-test the shipped demo agent")
+    ct.add_argument("--tools", action="append", default=[], metavar="MODULE")
+    ct.add_argument(
+        "--workflows",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="other workflow modules the worker must serve",
+    )
+    ct.add_argument("--input", help="the workflow's argument (JSON; a list for several)")
+    ct.add_argument("--concurrency", type=int, default=3)
+    ct.add_argument("--json", action="store_true")
+    ct.add_argument("--address", help="use this Temporal server instead of the embedded one")
+    ct.add_argument("--namespace", default="default")
+
     d = sub.add_parser("demo", help="show a crash with and without exactcall, side by side")
     d.add_argument("--keep", action="store_true", help="keep the demo's bank database")
     _connection_args(d)
@@ -170,6 +187,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_worker(ns))
         if ns.command in ("approvals", "approve", "deny", "unresolved", "resolve"):
             return asyncio.run(_client_command(ns))
+        if ns.command == "crashtest":
+            from ._crashtest import main as crashtest
+
+            return asyncio.run(crashtest(ns))
         if ns.command == "replay":
             return asyncio.run(_replay(ns))
         if ns.command == "history":

@@ -109,6 +109,7 @@ class WorkerProcess:
         sticky_timeout: float = 1.0,
     ) -> None:
         full_env = {**os.environ, **(env or {})}
+        full_env["EXACTCALL_LOG_LEVEL"] = "INFO"  # started() waits for the worker.started line
         full_env.pop(CRASH_ENV, None)
         if crash_at:
             full_env[CRASH_ENV] = crash_at

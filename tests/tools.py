@@ -217,3 +217,15 @@ def counted_send(channel: str, text: str) -> str:
 
     record_effect(f"send:{channel}")
     return f"sent {text!r} to {channel}"
+
+
+@exactcall.tool(
+    heartbeat_timeout=FAST,
+    retry_policy=RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=3),
+)
+def lying_pay(bank: str, amount: int, to: str) -> dict[str, Any]:
+    """Pays, then claims on its first attempt that nothing happened: crashtest must catch it."""
+    receipt = post(bank, "/payments", {"amount": amount, "to": to})
+    if exactcall.current_intent() and activity.info().attempt == 1:
+        raise exactcall.NotExecuted("pretends the payment did not happen")
+    return receipt

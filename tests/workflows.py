@@ -113,3 +113,12 @@ class Forge:
             start_to_close_timeout=timedelta(seconds=30),
             retry_policy=RetryPolicy(maximum_attempts=1),
         )
+
+
+@workflow.defn
+class LyingAgent:
+    """Uses a tool that lies about its effect (for crashtest's negative case)."""
+
+    @workflow.run
+    async def run(self, bank: str) -> Any:
+        return await exactcall.call("lying_pay", bank, 1, "lied-to")

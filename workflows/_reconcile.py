@@ -127,8 +127,11 @@ class Reconcile:
         return await self._park(inp)
 
     async def _probe(self, inp: ReconcileInput) -> Verdict | None:
+        from exactcall._tool import get_tool
+
         self._phase = "probing"
         deadline = inp.probe_deadline
+        heartbeat = get_tool(inp.intent.tool).options.heartbeat_timeout
         try:
             return await workflow.execute_activity(
                 probe_activity_name(inp.intent.tool),
@@ -136,6 +139,7 @@ class Reconcile:
                 result_type=Verdict,
                 schedule_to_close_timeout=deadline,
                 start_to_close_timeout=min(deadline, timedelta(minutes=1)),
+                heartbeat_timeout=heartbeat,
                 retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=30)),
                 summary=f"probe {inp.intent.tool} {inp.intent.step}",
             )

@@ -486,17 +486,18 @@ class Demo:
             outcome.status = str(result.get("status"))
             outcome.detail = str(result.get("reason") or "")
             rows = await asyncio.to_thread(self._rows, outcome.account)
+            # B runs the call's reconciliation too (on the workflow's task queue)
             if sc.key == "probe" and outcome.status == "done":
-                await self._check_reconciled(outcome, result, rows)  # B answers the query
+                await self._check_reconciled(outcome, result, rows)
+            if sc.key == "parked" and outcome.status == "unknown":
+                await self._check_parked(outcome, workflow_id, task_queue)
+                # parked as it should be: left for `exactcall resolve` on a server of your own
+                self.handles = [h for h in self.handles if h not in call]
         except Exception:
             _explain(b)
             raise
         finally:
             await b.close()
-        if sc.key == "parked" and outcome.status == "unknown":
-            await self._check_parked(outcome, workflow_id, task_queue)
-            # parked as it should be: left for `exactcall resolve` on a server of your own
-            self.handles = [h for h in self.handles if h not in call]
 
         rows = await asyncio.to_thread(self._rows, outcome.account)
         outcome.payments = len(rows)
@@ -527,7 +528,8 @@ class Demo:
             outcome.status = "reconciled"
 
     async def _check_parked(self, outcome: Outcome, workflow_id: str, task_queue: str) -> None:
-        """Unknown at once: the call must be listed as parked (visibility is eventual)."""
+        """Unknown at once: the call must be listed as parked (visibility is eventual). Its
+        reconciliation parks it: a worker must serve the task queue until it is listed."""
         assert self.client is not None and self.target is not None
         client = self.client
 

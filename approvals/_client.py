@@ -152,23 +152,29 @@ async def approve(
     client: Client, workflow_id: str, step: str | None = None, *, args_hash: str, **kw: Any
 ) -> DecisionResult:
     """Approve the pending call ``step`` whose canonical args hash to ``args_hash``."""
-    expires = kw.pop("expires_at", None)
-    if expires is None and step is not None and kw.get("signing_key") is not None:
-        expires = (await pending(client, workflow_id, step)).expires_at
-    return await decide(
-        client, workflow_id, "approve", args_hash=args_hash, step=step, expires_at=expires, **kw
-    )
+    return await _on_step(client, workflow_id, step, "approve", args_hash, kw)
 
 
 async def deny(
     client: Client, workflow_id: str, step: str | None = None, *, args_hash: str, **kw: Any
 ) -> DecisionResult:
     """Deny the pending call ``step``: it ends with ApprovalDenied and nothing runs."""
+    return await _on_step(client, workflow_id, step, "deny", args_hash, kw)
+
+
+async def _on_step(
+    client: Client,
+    workflow_id: str,
+    step: str | None,
+    verdict: Literal["approve", "deny"],
+    args_hash: str,
+    kw: dict[str, Any],
+) -> DecisionResult:
     expires = kw.pop("expires_at", None)
     if expires is None and step is not None and kw.get("signing_key") is not None:
-        expires = (await pending(client, workflow_id, step)).expires_at
+        expires = (await pending(client, workflow_id, step)).expires_at  # covered by signature
     return await decide(
-        client, workflow_id, "deny", args_hash=args_hash, step=step, expires_at=expires, **kw
+        client, workflow_id, verdict, args_hash=args_hash, step=step, expires_at=expires, **kw
     )
 
 

@@ -209,3 +209,18 @@ async def test_crash_during_the_re_run_still_gives_one_effect(
     [row] = keyed(bank, who)
     assert out[0]["ok"]["payment_id"] == row["id"]
     assert row["request_count"] == 1
+
+
+async def test_probe_past_its_deadline_parks_the_call(
+    client: Client, worker: object, tq: str, bank: Bank, who: str
+) -> None:
+    h = await start_agent(
+        client, tq, plan(step("book_slow_probe", bank.url, 10, who, on_unknown="raise"))
+    )
+    out = await h.result()
+    assert out[0]["error"] == "AmbiguousOutcome"
+    row = await parked(client, h.id)
+    assert "deadline" in row.reason or "failed" in row.reason, row.reason
+    res = await reconciliation.resolve(client, h.id, row.step, "abandon", by="ops")
+    assert res.accepted
+    assert bank.count(to=who) == 1

@@ -115,3 +115,32 @@ async def test_replay_cli_reports_per_file_and_exits_1(tmp_path: Path) -> None:
         "elsewhere",
     )
     assert rc == 1, out
+
+
+async def test_history_export_then_replay(
+    server: object, client: object, worker: object, tq: str, bank: object, who: str, tmp_path: Path
+) -> None:
+    import asyncio
+    import sys
+
+    from tests.conftest import ROOT, plan, start_agent, step
+
+    h = await start_agent(client, tq, plan(step("pay", bank.url, 3, who)))  # type: ignore[arg-type,attr-defined]
+    await h.result()
+    out = tmp_path / "exported.json"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "exactcall",
+        "history",
+        "export",
+        h.id,
+        "-o",
+        str(out),
+        "--address",
+        server.address,
+        cwd=ROOT,  # type: ignore[attr-defined]
+    )
+    assert await proc.wait() == 0
+    [report] = await replay_histories([out], [Agent])
+    assert report.ok and report.calls == 1 and report.workflow_id == h.id

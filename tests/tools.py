@@ -229,3 +229,16 @@ def lying_pay(bank: str, amount: int, to: str) -> dict[str, Any]:
     if exactcall.current_intent() and activity.info().attempt == 1:
         raise exactcall.NotExecuted("pretends the payment did not happen")
     return receipt
+
+
+async def slow_probe(intent: exactcall.Intent) -> Any:
+    await asyncio.sleep(30)  # far past the tool's reconcile_deadline
+    return exactcall.NotLanded()
+
+
+@exactcall.tool(
+    reconcile=slow_probe, reconcile_deadline=timedelta(seconds=2), heartbeat_timeout=FAST
+)
+def book_slow_probe(bank: str, amount: int, to: str) -> dict[str, Any]:
+    _keyed_post(bank, amount, to)
+    raise ConnectionResetError("connection reset after the request was sent")

@@ -240,3 +240,30 @@ async def test_crashes_keep_the_approval_and_run_once(
     [rec] = (await approvals.view(client, handle.id)).decisions
     assert rec.accepted
     assert bank.count(to=who) == 1
+
+
+@pytest.mark.crash
+async def test_two_workers_and_racing_approvers_give_one_effect(
+    client: Client,
+    worker_process: Callable[..., WorkerProcess],
+    tq: str,
+    bank: Bank,
+    who: str,
+) -> None:
+    await worker_process(tq).started()
+    await worker_process(tq).started()
+    handles = [
+        await start_agent(client, tq, plan(step("transfer", bank.url, 10, f"{who}-{i}")))
+        for i in range(3)
+    ]
+    for i, handle in enumerate(handles):
+        req = await pending_of(client, handle)
+        results = await asyncio.gather(
+            *(
+                approvals.approve(client, handle.id, req.step, args_hash=req.args_hash, by=f"op{n}")
+                for n in range(4)
+            )
+        )
+        assert sum(r.accepted for r in results) == 1
+        assert (await handle.result())[0]["ok"]["to"] == f"{who}-{i}"
+        assert bank.count(to=f"{who}-{i}") == 1

@@ -97,6 +97,20 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="sticky queue schedule-to-start timeout (Temporal's default is 10 s)",
     )
+    w.add_argument(
+        "--max-cached-workflows",
+        type=int,
+        default=None,
+        help="workflows kept in memory (each waiting approval holds one; Temporal's default "
+        "is 1000)",
+    )
+    w.add_argument(
+        "--workflow-task-pollers",
+        type=int,
+        default=None,
+        help="concurrent workflow-task polls (raise it when many calls wait at once)",
+    )
+    w.add_argument("--max-concurrent-activities", type=int, default=None)
     _connection_args(w)
 
     from . import _cli_approvals, _cli_reconcile
@@ -324,8 +338,18 @@ async def _worker(ns: argparse.Namespace) -> int:
         return 2
     client = await connect(_connection(ns), Plugin(tools=tools))
     sticky = timedelta(seconds=ns.sticky_timeout) if ns.sticky_timeout else None
+    tuning = {
+        "max_cached_workflows": ns.max_cached_workflows,
+        "max_concurrent_workflow_task_polls": ns.workflow_task_pollers,
+        "max_concurrent_activities": ns.max_concurrent_activities,
+    }
     worker = build_worker(
-        client, ns.task_queue, workflows, activities=activities, sticky_timeout=sticky
+        client,
+        ns.task_queue,
+        workflows,
+        activities=activities,
+        sticky_timeout=sticky,
+        **{k: v for k, v in tuning.items() if v is not None},
     )
     await run_worker(worker)
     return 0

@@ -67,3 +67,39 @@ async def test_worker_usage_errors_exit_2() -> None:
         )
         _, err = await asyncio.wait_for(proc.communicate(), 30)
         assert proc.returncode == 2, (args, err)
+
+
+async def test_worker_tuning_flags_start_a_worker(server: object) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "exactcall",
+        "worker",
+        "--task-queue",
+        "tuned",
+        "--tools",
+        "tests.tools",
+        "--workflows",
+        "tests.workflows",
+        "--max-cached-workflows",
+        "50",
+        "--workflow-task-pollers",
+        "10",
+        "--max-concurrent-activities",
+        "20",
+        "--address",
+        server.address,  # type: ignore[attr-defined]
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=ROOT,
+        env={**os.environ, "EXACTCALL_LOG_LEVEL": "INFO"},
+    )
+    assert proc.stderr is not None
+    try:
+        line = b""
+        while b"worker.started" not in line:
+            line = await asyncio.wait_for(proc.stderr.readline(), 30)
+            assert line, "worker exited before it started"
+    finally:
+        proc.send_signal(signal.SIGTERM)  # graceful shutdown
+        assert await asyncio.wait_for(proc.wait(), 30) == 0

@@ -94,7 +94,7 @@ async def call_with(
     intent = intent_of(t, args, kwargs or {}, key)
     st = state()
     if t.options.read_only:
-        return _typed(t, await _execute(t, intent))
+        return _typed(t, await execute_tool_activity(t, intent))
     flight = st.flights.get(intent.key)
     if flight is None:
         work = _approved_then_execute(t, intent, mode)
@@ -151,10 +151,6 @@ async def _approved_then_execute(t: Tool, intent: Intent, on_unknown: OnUnknown)
         return await execute_tool_activity(t, intent)
     except AmbiguousOutcome as err:
         return await reconcile(t, intent, err, on_unknown)
-
-
-async def _execute(t: Tool, intent: Intent) -> Any:
-    return await execute_tool_activity(t, intent)
 
 
 async def execute_tool_activity(t: Tool, intent: Intent, activity_id: str | None = None) -> Any:

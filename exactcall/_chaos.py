@@ -37,9 +37,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal
 from urllib.parse import SplitResult, urlsplit
+
+from ._serve import ServedHTTP
 
 __all__ = ["ENV_VAR", "FAULTS", "Action", "ChaosProxy", "ChaosReport", "run_chaos"]
 
@@ -428,7 +429,7 @@ def _error_reply(status: int, code: str, message: str) -> Reply:
     return Reply(status, [("Content-Type", "application/json")], body)
 
 
-class ChaosProxy:
+class ChaosProxy(ServedHTTP):
     """An HTTP proxy that loses the first response to every distinct write request.
 
     >>> with ChaosProxy() as proxy:  # doctest: +SKIP  (the mock upstream)
@@ -457,57 +458,9 @@ class ChaosProxy:
         self._actions: dict[Identity, Action] = {}
         self._claimed: set[Identity] = set()
         self._reads = 0
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
-        self._url: str | None = None
 
-    @property
-    def url(self) -> str:
-        """Base URL of the proxy, e.g. ``http://127.0.0.1:41234`` (once started)."""
-        if self._url is None:
-            raise RuntimeError("ChaosProxy is not started")
-        return self._url
-
-    def start(self) -> str:
-        """Bind, serve in a daemon thread, and return the proxy's base URL."""
-        if self._server is not None:
-            raise RuntimeError("ChaosProxy is already started")
-        server = _Server((self.host, self.port), self)
-        port = server.server_address[1]
-        self._url = f"http://{self.host}:{port}"
-        self._thread = threading.Thread(
-            target=server.serve_forever,
-            kwargs={"poll_interval": 0.05},
-            name=f"exactcall-chaos-{port}",
-            daemon=True,
-        )
-        self._server = server
-        self._thread.start()
-        return self._url
-
-    def stop(self) -> None:
-        """Stop serving and release the socket (idempotent)."""
-        server, thread = self._server, self._thread
-        self._server = self._thread = None
-        if server is None:
-            return
-        server.shutdown()
-        server.server_close()
-        if thread is not None:
-            thread.join(timeout=5)
-
-    def __enter__(self) -> Self:
-        if self._server is None:
-            self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+    def _make_server(self) -> _Server:
+        return _Server((self.host, self.port), self)
 
     def report(self) -> ChaosReport:
         """A snapshot of what the proxy has seen so far."""

@@ -44,9 +44,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from exactcall._serve import ServedHTTP
 
 __all__ = ["Bank", "main"]
 
@@ -436,7 +437,7 @@ class _Handler(BaseHTTPRequestHandler):
 # --------------------------------------------------------------------------- public API
 
 
-class Bank:
+class Bank(ServedHTTP):
     """A local fake bank: an HTTP server in a daemon thread over one SQLite file.
 
     >>> with Bank(tmp_path / "bank.db") as bank:   # doctest: +SKIP
@@ -451,62 +452,14 @@ class Bank:
         self.port = port
         self.store = Store(self.db_path)
         self.faults = Faults()
-        self._server: _BankServer | None = None
-        self._thread: threading.Thread | None = None
-        self._url: str | None = None
-
-    @property
-    def url(self) -> str:
-        """Base URL, e.g. ``http://127.0.0.1:41234`` (only once started)."""
-        if self._url is None:
-            raise RuntimeError("Bank is not started")
-        return self._url
-
-    @property
-    def running(self) -> bool:
-        return self._server is not None
 
     def start(self) -> str:
         """Create the schema, bind, serve in a daemon thread; return the base URL."""
-        if self._server is not None:
-            raise RuntimeError("Bank is already started")
         self.store.init_schema()
-        server = _BankServer((self.host, self.port), self.store, self.faults)
-        host, port = server.server_address[:2]
-        self._url = f"http://{_url_host(str(host))}:{port}"
-        self._thread = threading.Thread(
-            target=server.serve_forever,
-            kwargs={"poll_interval": 0.05},
-            name=f"exactcall-bank-{port}",
-            daemon=True,
-        )
-        self._server = server
-        self._thread.start()
-        return self._url
+        return super().start()
 
-    def stop(self) -> None:
-        """Stop serving and release the socket (idempotent)."""
-        server, thread = self._server, self._thread
-        self._server = self._thread = None
-        if server is None:
-            return
-        server.shutdown()
-        server.server_close()
-        if thread is not None:
-            thread.join(timeout=5)
-
-    def __enter__(self) -> Self:
-        if self._server is None:
-            self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+    def _make_server(self) -> _BankServer:
+        return _BankServer((self.host, self.port), self.store, self.faults)
 
     # ---- direct (non-HTTP) access to the ledger
 
@@ -521,10 +474,6 @@ class Bank:
     def reset(self) -> None:
         """Delete all payments and receipts."""
         self.store.reset()
-
-
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
 
 
 # --------------------------------------------------------------------------- CLI

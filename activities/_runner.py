@@ -43,6 +43,7 @@ from exactcall._errors import (
 from exactcall._model import Intent, Owner, RecordEvent
 from exactcall._reconcile import CallAbandoned, reconcile_id
 from exactcall._tool import Tool
+from exactcall._wait import needs_approval
 
 from ._records import Record, RecordView
 
@@ -358,9 +359,7 @@ class Attempt:
     def _check_approval(self, actual_hash: str) -> None:
         """The hash about to run must be the approved hash, if the call needs approval."""
         i = self.intent
-        rule = self.tool.options.approval
-        needed = bool(rule) if not callable(rule) or rule is True else bool(rule(i))
-        if i.approval is None and not needed:
+        if i.approval is None and not needs_approval(self.tool, i):
             return
         if i.approval is None or i.approval.args_hash != actual_hash:
             approved = i.approval.args_hash if i.approval else None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import getpass
 import uuid
@@ -10,8 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from temporalio.client import Client, WorkflowQueryFailedError
-from temporalio.service import RPCError
+from temporalio.client import Client
 
 from exactcall._approval import (
     DECIDE_SIGNAL,
@@ -25,6 +23,7 @@ from exactcall._approval import (
     signed_payload,
 )
 from exactcall._canonical import args_hash
+from exactcall._confirm import confirm_by_query
 
 __all__ = [
     "DecisionResult",
@@ -133,19 +132,10 @@ async def decide(
 async def _confirm(
     client: Client, workflow_id: str, d: Decision, timeout: float
 ) -> DecisionRecord | None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        try:
-            v = await asyncio.wait_for(view(client, workflow_id), max(0.5, deadline - loop.time()))
-        except (RPCError, TimeoutError, WorkflowQueryFailedError):
-            await asyncio.sleep(0.2)
-            continue
-        for rec in v.decisions:
-            if rec.decision.decision_id == d.decision_id:
-                return rec
-        await asyncio.sleep(0.05)
-    return None
+    def mine(v: ApprovalsView) -> DecisionRecord | None:
+        return next((r for r in v.decisions if r.decision.decision_id == d.decision_id), None)
+
+    return await confirm_by_query(lambda: view(client, workflow_id), mine, timeout)
 
 
 async def approve(

@@ -22,10 +22,8 @@ __all__ = ["needs_approval", "wait_for_approval"]
 def needs_approval(t: Tool, intent: Intent) -> bool:
     """Whether this call waits for a person: ``approval=True``, or the tool's policy says so."""
     rule = t.options.approval
-    if rule is True:
-        return True
-    if not rule:
-        return False
+    if rule is True or not rule:
+        return bool(rule)
     try:
         return bool(rule(intent))
     except Exception as exc:

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import getpass
 import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from temporalio.client import Client, WorkflowQueryFailedError
-from temporalio.service import RPCError
+from temporalio.client import Client
 
+from ._confirm import confirm_by_query
 from ._reconcile import (
     RESOLVE_SIGNAL,
     STATE_QUERY,
@@ -106,16 +105,8 @@ async def resolve(
 
 
 async def _confirm(client: Client, rid: str, res: Resolution, timeout: float) -> str | None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        try:
-            st = await asyncio.wait_for(state(client, rid), max(0.5, deadline - loop.time()))
-        except (RPCError, TimeoutError, WorkflowQueryFailedError):
-            await asyncio.sleep(0.2)
-            continue
-        for r, outcome in st.resolutions:
-            if r.resolution_id == res.resolution_id:
-                return outcome
-        await asyncio.sleep(0.05)
-    return None
+    def mine(st: ReconcileState) -> str | None:
+        found = (o for r, o in st.resolutions if r.resolution_id == res.resolution_id)
+        return next(found, None)
+
+    return await confirm_by_query(lambda: state(client, rid), mine, timeout)

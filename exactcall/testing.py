@@ -107,10 +107,17 @@ class WorkerProcess:
         env: dict[str, str] | None = None,
         cwd: str | Path | None = None,
         sticky_timeout: float = 1.0,
+        name: str = "worker",
+        args: Sequence[str] = (),
+        inherit_env: bool = True,
     ) -> None:
-        full_env = {**os.environ, **(env or {})}
+        """``args``: more ``exactcall worker`` flags (e.g. TLS); ``inherit_env=False``: ``env``
+        is the whole environment (plus what the worker needs here)."""
+        self.name = name
+        base = dict(os.environ) if inherit_env else {}
+        base.pop(CRASH_ENV, None)  # only this worker's own crash rule applies
+        full_env = {**base, **(env or {})}
         full_env["EXACTCALL_LOG_LEVEL"] = "INFO"  # started() waits for the worker.started line
-        full_env.pop(CRASH_ENV, None)
         if crash_at:
             full_env[CRASH_ENV] = crash_at
         cwd = Path(cwd or os.getcwd())
@@ -130,15 +137,27 @@ class WorkerProcess:
             task_queue,
             "--sticky-timeout",
             str(sticky_timeout),
+            *args,
         ]
         for t in tools:
             cmd += ["--tools", t]
         for w in workflows:
             cmd += ["--workflows", w]
         self.proc = subprocess.Popen(
-            cmd, cwd=cwd, env=full_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            cmd,
+            cwd=cwd,
+            env=full_env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # a Ctrl-C is the caller's to handle: it kills the workers
         )
         self.log: list[str] = []
+
+    @property
+    def tail(self) -> list[str]:
+        """The last lines the worker logged."""
+        return [line.rstrip() for line in self.log[-20:] if line.strip()]
 
     async def started(self, timeout: float = 60) -> WorkerProcess:
         """Wait for the worker's ``worker.started`` line; keep draining its stderr after."""

@@ -27,12 +27,10 @@ the parked call on a server of your own.
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import contextlib
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -52,6 +50,7 @@ from exactcall._plugin import Plugin
 from exactcall._server import DevServer
 from exactcall._worker import Connection, connect
 from exactcall.demo.bank import Bank
+from exactcall.testing import WorkerProcess
 from exactcall.workflows import record_id
 
 __all__ = ["run_demo"]
@@ -71,8 +70,6 @@ TOOL_VERSION = "1"  # the demo's tools keep the default version (part of their k
 TOOLS_MODULE = "exactcall.demo.tools"
 WORKFLOWS_MODULE = "exactcall.demo.workflows"
 CRASH_BARE_ENV = "EXACTCALL_DEMO_CRASH_BARE"  # exactcall.demo.tools.CRASH_BARE_ENV
-STDERR_LINE_LIMIT = 1 << 20
-TAIL_LINES = 20
 RESOLVE_FLAGS = "--landed|--not-landed|--abandon"
 
 
@@ -207,7 +204,8 @@ class Target:
     conn: Connection
 
     def worker_args(self) -> list[str]:
-        args = ["--address", self.address, "--namespace", self.namespace]
+        """Connection flags beyond address and namespace."""
+        args: list[str] = []
         if self.embedded:
             return args
         if self.conn.tls:
@@ -237,106 +235,30 @@ class Target:
         return env
 
 
-class WorkerProcess:
-    """``exactcall worker`` in a child process, its stderr drained into a short tail."""
+def spawn_worker(
+    name: str, target: Target, task_queue: str, extra_env: dict[str, str]
+) -> WorkerProcess:
+    """``exactcall worker`` for the demo's tools and workflows, in a child process."""
+    return WorkerProcess(
+        target.address,
+        task_queue,
+        namespace=target.namespace,
+        tools=[TOOLS_MODULE],
+        workflows=[WORKFLOWS_MODULE],
+        name=name,
+        args=target.worker_args(),
+        env=target.worker_env(extra_env),
+        inherit_env=False,
+    )
 
-    def __init__(self, name: str, proc: asyncio.subprocess.Process) -> None:
-        self.name = name
-        self.proc = proc
-        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-        self._drain: asyncio.Task[None] | None = None
 
-    @classmethod
-    async def spawn(
-        cls, name: str, target: Target, task_queue: str, extra_env: dict[str, str]
-    ) -> WorkerProcess:
-        cmd = [
-            sys.executable,
-            "-m",
-            "exactcall",
-            "worker",
-            *target.worker_args(),
-            "--task-queue",
-            task_queue,
-            "--tools",
-            TOOLS_MODULE,
-            "--workflows",
-            WORKFLOWS_MODULE,
-            "--sticky-timeout",
-            "1",
-        ]
-        proc = await asyncio.create_subprocess_exec(
-            *cmd,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-            env=target.worker_env(extra_env),
-            start_new_session=True,  # Ctrl-C is the demo's to handle; it kills the workers
-            limit=STDERR_LINE_LIMIT,
-        )
-        return cls(name, proc)
-
-    async def _readline(self) -> bytes:
-        assert self.proc.stderr is not None
-        try:
-            return await self.proc.stderr.readline()
-        except ValueError:  # a line over the limit: take a chunk of it
-            return await self.proc.stderr.read(STDERR_LINE_LIMIT)
-
-    def _keep(self, line: bytes) -> None:
-        text = line.decode(errors="replace").rstrip()
-        if text:
-            self.tail.append(text)
-
-    async def started(self, timeout: float = WORKER_START_TIMEOUT) -> None:
-        """Wait for the worker's ``worker.started`` log line, then keep draining stderr."""
-
-        async def wait() -> None:
-            while True:
-                line = await self._readline()
-                if not line:
-                    code = await self.proc.wait()
-                    raise RuntimeError(
-                        f"worker {self.name} exited with {code} before it started: "
-                        + (self.tail[-1] if self.tail else "no output")
-                    )
-                self._keep(line)
-                if b"worker.started" in line:
-                    return
-
-        try:
-            await asyncio.wait_for(wait(), timeout)
-        except TimeoutError:
-            raise TimeoutError(f"worker {self.name} did not start within {timeout:.0f} s") from None
-        self._drain = asyncio.create_task(self._drain_stderr())
-
-    async def _drain_stderr(self) -> None:
-        while line := await self._readline():
-            self._keep(line)
-
-    async def died(self, timeout: float = CRASH_TIMEOUT) -> int:
-        try:
-            return await asyncio.wait_for(self.proc.wait(), timeout)
-        except TimeoutError:
-            raise TimeoutError(
-                f"worker {self.name} was not killed within {timeout:.0f} s (did the payment run?)"
-            ) from None
-
-    def kill(self) -> None:
-        if self.proc.returncode is None:
-            # os.kill, not Process.kill: Popen.send_signal polls first and may reap a worker
-            # that just died under asyncio's child watcher (which then warns)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.proc.pid, signal.SIGKILL)
-
-    async def close(self) -> None:
-        self.kill()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.proc.wait(), 5)
-        if self._drain is not None:
-            self._drain.cancel()
-            with contextlib.suppress(BaseException):
-                await self._drain
+async def wait_killed(wp: WorkerProcess) -> None:
+    try:
+        await wp.killed(CRASH_TIMEOUT)
+    except TimeoutError:
+        raise TimeoutError(
+            f"worker {wp.name} was not killed within {CRASH_TIMEOUT:.0f} s (did the payment run?)"
+        ) from None
 
 
 @dataclass
@@ -400,7 +322,7 @@ class Demo:
     # -- scenarios --------------------------------------------------------------------------
     async def spawn(self, name: str, task_queue: str, env: dict[str, str]) -> WorkerProcess:
         assert self.target is not None
-        wp = await WorkerProcess.spawn(name, self.target, task_queue, env)
+        wp = spawn_worker(name, self.target, task_queue, env)
         self.workers.append(wp)
         return wp
 
@@ -466,9 +388,9 @@ class Demo:
 
         a = await self.spawn(f"{sc.key}-A", task_queue, sc.crash_env)
         try:
-            await a.started()
+            await a.started(WORKER_START_TIMEOUT)
             handle = await self._start(sc, args, workflow_id, task_queue)
-            await a.died()
+            await wait_killed(a)
         except Exception:
             _explain(a)
             raise
@@ -476,7 +398,7 @@ class Demo:
 
         b = await self.spawn(f"{sc.key}-B", task_queue, {})
         try:
-            await b.started()
+            await b.started(WORKER_START_TIMEOUT)
             try:
                 result: dict[str, Any] = await asyncio.wait_for(handle.result(), RESULT_TIMEOUT)
             except TimeoutError:
@@ -497,7 +419,7 @@ class Demo:
             _explain(b)
             raise
         finally:
-            await b.close()
+            b.stop()
 
         rows = await asyncio.to_thread(self._rows, outcome.account)
         outcome.payments = len(rows)
@@ -568,7 +490,7 @@ class Demo:
             self._leave_nothing(workflow_id, sc.tool, 2)
         w = await self.spawn(sc.key, task_queue, {})
         try:
-            await w.started()
+            await w.started(WORKER_START_TIMEOUT)
             handle = await self._start(sc, args, workflow_id, task_queue)
             first = await _poll(waiting, bool, POLL_TIMEOUT, "no call waited for approval")
             yes = await approvals.approve(
@@ -615,7 +537,7 @@ class Demo:
             _explain(w)
             raise
         finally:
-            await w.close()
+            w.stop()
 
         rows = await asyncio.to_thread(self._rows, outcome.account, mallory)
         outcome.payments = len(rows)
@@ -672,9 +594,7 @@ class Demo:
     # -- cleanup ----------------------------------------------------------------------------
     async def cleanup(self) -> None:
         for wp in self.workers:
-            wp.kill()
-        for wp in self.workers:
-            await wp.close()
+            wp.stop()
         if self.server is None and self.client is not None:
             # a server that outlives the demo: end the demo's unfinished workflows, and its
             # calls' records, which no worker will serve (not the parked call: it is left for
@@ -735,7 +655,7 @@ def _explain(wp: WorkerProcess) -> None:
     """Show the end of a worker's log when its scenario went wrong."""
     if wp.tail:
         print(f"--- last log lines of worker {wp.name} ---", file=sys.stderr)
-        for line in list(wp.tail)[-5:]:
+        for line in wp.tail[-5:]:
             print(line if len(line) <= 400 else line[:400] + " ...", file=sys.stderr)
         sys.stderr.flush()
 

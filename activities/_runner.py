@@ -343,12 +343,9 @@ class Attempt:
         i = self.intent
         expect_hash = args_hash(i.tool, i.args)
         expect_key = derive_key(self.info.namespace, i.workflow_id, i.step, i.tool, i.tool_version)
-        runner = self.info.workflow_id
-        if runner not in (i.workflow_id, reconcile_id(i.key)):
-            expect_key = derive_key(
-                self.info.namespace, runner or "", i.step, i.tool, i.tool_version
-            )
-        if i.tool != self.tool.name or expect_hash != i.args_hash or expect_key != i.key:
+        # a call runs in its own workflow, or in the reconciliation of its key
+        foreign = self.info.workflow_id not in (i.workflow_id, reconcile_id(i.key))
+        if foreign or i.tool != self.tool.name or (expect_hash, expect_key) != (i.args_hash, i.key):
             raise InvalidCall(
                 "the intent handed to this activity does not match its own arguments "
                 "(edited history or a bug); nothing was executed",

@@ -14,7 +14,7 @@ from typing import Any
 import pydantic
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
+from temporalio.exceptions import ActivityError, ApplicationError
 
 from ._canonical import args_hash, derive_key
 from ._errors import (
@@ -203,11 +203,6 @@ def _outcome_error(t: Tool, intent: Intent, err: ActivityError) -> ExactcallErro
         if rebuilt is not None:
             return rebuilt
         return ToolFailed(f"{t.name} {intent.step} failed: {cause.message}", **fields)
-    if isinstance(cause, TimeoutError) and not t.options.read_only:
-        return AmbiguousOutcome(
-            f"{t.name} {intent.step}: the last attempt timed out; outcome unknown, not re-sent",
-            **fields,
-        )
     return ToolFailed(f"{t.name} {intent.step} failed: {err}", **fields)
 
 

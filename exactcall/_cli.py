@@ -91,6 +91,14 @@ def _parser() -> argparse.ArgumentParser:
         "serve (repeatable, or comma-separated)",
     )
     w.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE:NAME",
+        help="another Temporal plugin for the client and worker, after exactcall's (an agent "
+        "framework's, e.g. a function returning OpenAIAgentsPlugin(...)); repeatable",
+    )
+    w.add_argument(
         "--sticky-timeout",
         type=float,
         default=None,
@@ -324,6 +332,7 @@ async def _worker(ns: argparse.Namespace) -> int:
         build_worker,
         connect,
         load_activities,
+        load_plugins,
         load_tools,
         load_workflows,
         run_worker,
@@ -336,7 +345,8 @@ async def _worker(ns: argparse.Namespace) -> int:
     if not tools and not workflows:
         print("exactcall worker: give --tools and/or --workflows", file=sys.stderr)
         return 2
-    client = await connect(_connection(ns), Plugin(tools=tools))
+    others = load_plugins(ns.plugin)
+    client = await connect(_connection(ns), Plugin(tools=tools), others)
     sticky = timedelta(seconds=ns.sticky_timeout) if ns.sticky_timeout else None
     tuning = {
         "max_cached_workflows": ns.max_cached_workflows,

@@ -13,13 +13,18 @@ from temporalio.api.operatorservice.v1 import (
     AddSearchAttributesRequest,
     ListSearchAttributesRequest,
 )
-from temporalio.client import Client
-from temporalio.contrib.pydantic import PydanticPayloadConverter, pydantic_data_converter
-from temporalio.converter import DataConverter
+from temporalio.client import Client, ClientConfig
+from temporalio.contrib.pydantic import (
+    PydanticJSONPlainPayloadConverter,
+    PydanticPayloadConverter,
+    pydantic_data_converter,
+)
+from temporalio.converter import CompositePayloadConverter, DataConverter, DefaultPayloadConverter
 from temporalio.plugin import SimplePlugin
 from temporalio.service import RPCError
 from temporalio.worker import (
     Interceptor,
+    ReplayerConfig,
     WorkerConfig,
     WorkflowInboundInterceptor,
     WorkflowInterceptorClassInput,
@@ -36,7 +41,13 @@ from ._reconcile import UNRESOLVED_ATTRIBUTE
 from ._tool import Tool, registered_tools
 from ._wfstate import WorkflowConfig, inbound_class
 
-__all__ = ["SEARCH_ATTRIBUTES", "Plugin", "ensure_search_attributes"]
+__all__ = [
+    "SEARCH_ATTRIBUTES",
+    "Plugin",
+    "carries_pydantic",
+    "choose_data_converter",
+    "ensure_search_attributes",
+]
 
 log = structlog.get_logger("exactcall")
 
@@ -67,7 +78,12 @@ class Plugin(SimplePlugin):
     * the tool activities: ``tools`` or, when None, every ``@exactcall.tool`` defined in the
       process when the worker is built;
     * exactcall's own workflows (the per-key call record);
-    * the pydantic data converter (intents and records are frozen pydantic models);
+    * a data converter that carries pydantic models (intents and records are frozen pydantic
+      models): the pydantic one in place of Temporal's default, or, as it is, any converter
+      that already carries them (Pydantic AI's, the OpenAI Agents SDK's). When a plugin listed
+      after this one insists on replacing the default converter itself (``OpenAIAgentsPlugin``),
+      the default is left for it. A converter that cannot carry pydantic models is refused
+      with an error, never replaced;
     * the sandbox passthroughs, the workflow interceptor that keeps ordinals, and
       ``ExactcallError`` as a workflow failure type (an unhandled AmbiguousOutcome fails the
       workflow instead of retrying its task forever).
@@ -95,7 +111,7 @@ class Plugin(SimplePlugin):
         self._worker_client: Client | None = None
         super().__init__(
             "exactcall.Plugin",
-            data_converter=_data_converter,
+            data_converter=None,  # chosen in configure_client, which sees the later plugins
             interceptors=[_Interceptor(config)],
             activities=self._activities,
             workflows=[CallRecord, Reconcile],
@@ -122,12 +138,25 @@ class Plugin(SimplePlugin):
             await ensure_search_attributes(client)
         yield
 
+    def configure_client(self, config: ClientConfig) -> ClientConfig:
+        plugins = list(config.get("plugins") or [])
+        later = plugins[plugins.index(self) + 1 :] if self in plugins else []
+        config["data_converter"] = choose_data_converter(config.get("data_converter"), later)
+        return super().configure_client(config)
+
+    def configure_replayer(self, config: ReplayerConfig) -> ReplayerConfig:
+        # a Replayer does not show its plugin list: put a converter-owning plugin (such as
+        # OpenAIAgentsPlugin) before exactcall.Plugin() on a Replayer
+        config["data_converter"] = choose_data_converter(config.get("data_converter"), [])
+        return super().configure_replayer(config)
+
     def configure_worker(self, config: WorkerConfig) -> WorkerConfig:
         client = config.get("client")
         self._worker_client = client
-        if client is not None and not _is_pydantic(client.data_converter):
+        if client is not None and not carries_pydantic(client.data_converter):
             raise ExactcallError(
-                "the worker's client does not use the pydantic data converter: put "
+                "the worker's client has a data converter that cannot carry pydantic models "
+                f"({client.data_converter.payload_converter_class.__name__}): put "
                 "exactcall.Plugin() on Client.connect(plugins=[...]) rather than on the Worker"
             )
         return super().configure_worker(config)
@@ -166,17 +195,66 @@ async def ensure_search_attributes(client: Client) -> None:
     log.info("worker.search_attributes_registered", names=missing, namespace=ns)
 
 
-def _is_pydantic(conv: DataConverter) -> bool:
-    return issubclass(conv.payload_converter_class, PydanticPayloadConverter)
+def carries_pydantic(conv: DataConverter) -> bool:
+    """Whether a data converter's JSON encoding is pydantic's (as in PydanticPayloadConverter,
+    Pydantic AI's subclass of it, or the OpenAI Agents SDK's composite converter)."""
+    cls = conv.payload_converter_class
+    if issubclass(cls, PydanticPayloadConverter):
+        return True
+    if not issubclass(cls, CompositePayloadConverter):
+        return False
+    try:
+        payload = cls()  # the DataConverter's own instance is wrapped by Temporal
+    except TypeError:  # a composite that needs arguments: not one exactcall can inspect
+        return False
+    return any(
+        isinstance(c, PydanticJSONPlainPayloadConverter) for c in payload.converters.values()
+    )
 
 
-def _data_converter(existing: DataConverter | None) -> DataConverter:
-    if existing is None or existing == DataConverter.default:
-        return pydantic_data_converter
-    if _is_pydantic(existing):
+def choose_data_converter(
+    existing: DataConverter | None, later_plugins: Sequence[Any] = ()
+) -> DataConverter:
+    """The data converter exactcall runs with, given the current one and the plugins that will
+    configure the client after exactcall. Never silently replaces a converter that carries
+    pydantic models; refuses one that cannot be made to."""
+    if existing is not None and carries_pydantic(existing):
         return existing
-    # keep the user's codec and failure converter, use the pydantic payload converter
+    if existing is None:
+        existing = DataConverter.default
+    if existing.payload_converter_class is not DefaultPayloadConverter:
+        raise ExactcallError(
+            "exactcall needs a data converter that carries pydantic models; the payload "
+            f"converter {existing.payload_converter_class.__module__}."
+            f"{existing.payload_converter_class.__qualname__} does not. Use "
+            "temporalio.contrib.pydantic.PydanticPayloadConverter (or a subclass of it, or a "
+            "CompositePayloadConverter whose JSON converter is a "
+            "PydanticJSONPlainPayloadConverter) as payload_converter_class; codecs and failure "
+            "converters are kept as they are"
+        )
+    if any(_refuses_pydantic(p) for p in later_plugins):
+        return existing  # that plugin replaces the default with its own (pydantic) converter
+    if existing == DataConverter.default:
+        return pydantic_data_converter
+    # Temporal's default payload converter with the user's codec or failure converter: keep them
     return dataclasses.replace(existing, payload_converter_class=PydanticPayloadConverter)
+
+
+def _refuses_pydantic(plugin: Any) -> bool:
+    """A later plugin that would reject the pydantic converter but accepts the default one,
+    which it replaces (OpenAIAgentsPlugin insists on its own payload converter)."""
+    chooser = getattr(plugin, "data_converter", None) if isinstance(plugin, SimplePlugin) else None
+    if not callable(chooser):
+        return False
+    try:
+        chooser(pydantic_data_converter)
+    except Exception:
+        try:
+            chooser(DataConverter.default)
+        except Exception:
+            return False  # it refuses both: its own error will say why
+        return True
+    return False
 
 
 def _workflow_runner(existing: WorkflowRunner | None) -> WorkflowRunner:

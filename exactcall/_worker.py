@@ -27,6 +27,7 @@ __all__ = [
     "build_worker",
     "connect",
     "load_activities",
+    "load_plugins",
     "load_tools",
     "load_workflows",
     "run_worker",
@@ -70,11 +71,29 @@ class Connection:
         )
 
 
-async def connect(conn: Connection | None = None, plugin: Plugin | None = None) -> Client:
-    """A Client with exactcall's plugin (data converter, interceptors, tools) installed."""
+async def connect(
+    conn: Connection | None = None, plugin: Plugin | None = None, others: Sequence[Any] = ()
+) -> Client:
+    """A Client with exactcall's plugin (data converter, interceptors, tools) installed, then
+    ``others`` (an agent framework's Temporal plugin, for example)."""
     kw = (conn or Connection()).connect_kwargs()
     target = kw.pop("target_host")
-    return await Client.connect(target, plugins=[plugin or Plugin()], **kw)
+    return await Client.connect(target, plugins=[plugin or Plugin(), *others], **kw)
+
+
+def load_plugins(specs: Sequence[str]) -> list[Any]:
+    """``module:NAME``: a Temporal plugin object, or a callable that returns one or a list of
+    them (called with no arguments)."""
+    found: list[Any] = []
+    for spec in specs:
+        module_name, sep, attr = spec.partition(":")
+        if not sep or not attr:
+            raise ValueError(f"--plugin {spec!r}: expected MODULE:NAME (a plugin or a factory)")
+        obj = getattr(importlib.import_module(module_name), attr)
+        if callable(obj) and not hasattr(obj, "configure_client"):
+            obj = obj()
+        found += list(obj) if isinstance(obj, list | tuple) else [obj]
+    return found
 
 
 def load_workflows(specs: Sequence[str]) -> list[type]:

@@ -110,9 +110,11 @@ class WorkerProcess:
         name: str = "worker",
         args: Sequence[str] = (),
         inherit_env: bool = True,
+        plugins: Sequence[str] = (),
     ) -> None:
         """``args``: more ``exactcall worker`` flags (e.g. TLS); ``inherit_env=False``: ``env``
-        is the whole environment (plus what the worker needs here)."""
+        is the whole environment (plus what the worker needs here); ``plugins``:
+        ``MODULE:NAME`` of more Temporal plugins (``exactcall worker --plugin``)."""
         self.name = name
         base = dict(os.environ) if inherit_env else {}
         base.pop(CRASH_ENV, None)  # only this worker's own crash rule applies
@@ -143,6 +145,8 @@ class WorkerProcess:
             cmd += ["--tools", t]
         for w in workflows:
             cmd += ["--workflows", w]
+        for pl in plugins:
+            cmd += ["--plugin", pl]
         self.proc = subprocess.Popen(
             cmd,
             cwd=cwd,

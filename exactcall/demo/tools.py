@@ -19,17 +19,15 @@ No side effects at import time.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
-import urllib.parse
-import urllib.request
 from datetime import timedelta
 from typing import Any
 
 from temporalio import activity
 
 import exactcall
+from exactcall.demo.bank_client import payments_with_key, post_payment
 
 __all__ = [
     "CRASH_BARE_ENV",
@@ -42,45 +40,22 @@ __all__ = [
 ]
 
 CRASH_BARE_ENV = "EXACTCALL_DEMO_CRASH_BARE"
-"""Set (to anything non-empty) to SIGKILL the worker right after ``bare_pay``'s payment."""
+"""Set (to anything non-empty) to SIGKILL the worker right after ``bare_pay``'s payment, in
+the activity's first attempt (its retry on the next worker runs normally)."""
 
 HEARTBEAT = timedelta(seconds=2)
-HTTP_TIMEOUT = 30.0
-
-
-def _post_payment(
-    bank: str, amount: int, to: str, headers: dict[str, str] | None = None
-) -> dict[str, Any]:
-    """``POST {bank}/payments``; return the bank's JSON receipt (HTTP errors raise)."""
-    req = urllib.request.Request(
-        f"{bank.rstrip('/')}/payments",
-        data=json.dumps({"amount": amount, "to": to}).encode(),
-        headers={"Content-Type": "application/json", **(headers or {})},
-        method="POST",
-    )
-    with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT) as resp:
-        receipt: dict[str, Any] = json.loads(resp.read())
-    return receipt
-
-
-def _payments_with_key(bank: str, key: str) -> list[dict[str, Any]]:
-    """``GET {bank}/payments?idempotency_key=K``: the payments the bank booked under ``key``."""
-    query = urllib.parse.urlencode({"idempotency_key": key})
-    with urllib.request.urlopen(f"{bank.rstrip('/')}/payments?{query}", timeout=HTTP_TIMEOUT) as r:
-        rows: list[dict[str, Any]] = json.loads(r.read())["payments"]
-    return rows
 
 
 @exactcall.tool(provider_idempotent=True, heartbeat_timeout=HEARTBEAT)
 async def pay(bank: str, amount: int, to: str) -> dict[str, Any]:
     """Pay ``amount`` to ``to``; the bank dedupes on the call's idempotency key."""
     headers = exactcall.idempotency_headers()
-    return await asyncio.to_thread(_post_payment, bank, amount, to, headers)
+    return await asyncio.to_thread(post_payment, bank, amount, to, headers)
 
 
 def find_payment(intent: exactcall.Intent) -> Any:
     """Reconcile probe of ``pay_probed``: did the bank book a payment under the call's key?"""
-    rows = _payments_with_key(str(intent.args["bank"]), intent.key)
+    rows = payments_with_key(str(intent.args["bank"]), intent.key)
     if not rows:
         return exactcall.NotLanded()
     row = rows[0]
@@ -101,27 +76,27 @@ async def pay_probed(bank: str, amount: int, to: str) -> dict[str, Any]:
     """Pay, sending the key so the bank records it (it is not trusted to dedupe): a call of
     unknown outcome is settled by asking the bank for the key (:func:`find_payment`)."""
     headers = exactcall.idempotency_headers()
-    return await asyncio.to_thread(_post_payment, bank, amount, to, headers)
+    return await asyncio.to_thread(post_payment, bank, amount, to, headers)
 
 
 @exactcall.tool(heartbeat_timeout=HEARTBEAT)
 async def pay_no_key(bank: str, amount: int, to: str) -> dict[str, Any]:
     """Pay without an idempotency key: the bank books every request it gets."""
-    return await asyncio.to_thread(_post_payment, bank, amount, to)
+    return await asyncio.to_thread(post_payment, bank, amount, to)
 
 
 @exactcall.tool(approval=True, provider_idempotent=True, heartbeat_timeout=HEARTBEAT)
 async def approved_pay(bank: str, amount: int, to: str) -> dict[str, Any]:
     """Pay once a person has approved these exact arguments (the bank dedupes the key)."""
     headers = exactcall.idempotency_headers()
-    return await asyncio.to_thread(_post_payment, bank, amount, to, headers)
+    return await asyncio.to_thread(post_payment, bank, amount, to, headers)
 
 
 @activity.defn(name="bare_pay")
 async def bare_pay(bank: str, amount: int, to: str) -> dict[str, Any]:
     """A plain Temporal activity without exactcall: the way most agents call tools today."""
-    receipt = await asyncio.to_thread(_post_payment, bank, amount, to)
-    if os.environ.get(CRASH_BARE_ENV):
+    receipt = await asyncio.to_thread(post_payment, bank, amount, to)
+    if os.environ.get(CRASH_BARE_ENV) and activity.info().attempt == 1:
         # the demo's crash: the bank has answered, Temporal has not heard of it yet
         os.kill(os.getpid(), signal.SIGKILL)
     return receipt

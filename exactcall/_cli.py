@@ -187,6 +187,22 @@ def _parser() -> argparse.ArgumentParser:
     ct.add_argument("--address", help="use this Temporal server instead of the embedded one")
     ct.add_argument("--namespace", default="default")
 
+    q = sub.add_parser(
+        "quickstart",
+        help="each installed agent framework: a real crash, with and without exactcall",
+    )
+    q.add_argument(
+        "frameworks",
+        nargs="*",
+        metavar="FRAMEWORK",
+        help="openai-agents, pydantic-ai, langgraph (default: every one installed)",
+    )
+    q.add_argument("--json", action="store_true")
+
+    dr = sub.add_parser("doctor", help="versions, the server and its search attributes (no upload)")
+    dr.add_argument("--json", action="store_true")
+    _connection_args(dr)
+
     d = sub.add_parser("demo", help="show a crash with and without exactcall, side by side")
     d.add_argument("--keep", action="store_true", help="keep the demo's bank database")
     _connection_args(d)
@@ -221,6 +237,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             from ._chaos import run_chaos
 
             return run_chaos(ns.cmd, ns.upstream, ns.fault, ns.port, as_json=ns.json)
+        if ns.command == "quickstart":
+            from .quickstart.run import run_quickstart
+
+            return asyncio.run(run_quickstart(ns.frameworks, as_json=ns.json))
+        if ns.command == "doctor":
+            from ._doctor import run_doctor
+
+            return asyncio.run(run_doctor(_connection(ns), as_json=ns.json))
         if ns.command == "demo":
             from .demo.run import run_demo
 
@@ -345,7 +369,11 @@ async def _worker(ns: argparse.Namespace) -> int:
     if not tools and not workflows:
         print("exactcall worker: give --tools and/or --workflows", file=sys.stderr)
         return 2
-    others = load_plugins(ns.plugin)
+    try:
+        others = load_plugins(ns.plugin)
+    except (ValueError, TypeError) as exc:
+        print(f"exactcall worker: {exc}", file=sys.stderr)
+        return 2
     client = await connect(_connection(ns), Plugin(tools=tools), others)
     sticky = timedelta(seconds=ns.sticky_timeout) if ns.sticky_timeout else None
     tuning = {

@@ -92,7 +92,14 @@ def load_plugins(specs: Sequence[str]) -> list[Any]:
         obj = getattr(importlib.import_module(module_name), attr)
         if callable(obj) and not hasattr(obj, "configure_client"):
             obj = obj()
-        found += list(obj) if isinstance(obj, list | tuple) else [obj]
+        plugins = list(obj) if isinstance(obj, list | tuple) else [obj]
+        for pl in plugins:
+            if not hasattr(pl, "configure_client") and not hasattr(pl, "configure_worker"):
+                raise TypeError(
+                    f"--plugin {spec!r} gave {pl!r}, which is not a Temporal plugin (a "
+                    "temporalio.plugin.SimplePlugin, client.Plugin or worker.Plugin)"
+                )
+        found += plugins
     return found
 
 

@@ -53,6 +53,9 @@ async def test_worker_usage_errors_exit_2() -> None:
         ["worker"],
         ["worker", "--task-queue", "q"],
         ["worker", "--task-queue", "q", "--tools", "no.such.module"],
+        ["worker", "--task-queue", "q", "--tools", "tests.tools", "--plugin", "no-colon"],
+        ["worker", "--task-queue", "q", "--tools", "tests.tools", "--plugin", "tests.tools:pay"],
+        ["worker", "--task-queue", "q", "--tools", "tests.tools", "--plugin", "no.such:thing"],
     ):
         proc = await asyncio.create_subprocess_exec(
             sys.executable,

@@ -139,6 +139,13 @@ def _parser() -> argparse.ArgumentParser:
         help="modules to import first (tools used by the workflows)",
     )
     rp.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE:NAME",
+        help="another Temporal plugin the workflows ran with (an agent framework's); repeatable",
+    )
+    rp.add_argument(
         "--namespace", help="namespace the histories ran in (default: from the recorded intents)"
     )
     rp.add_argument("--json", action="store_true")
@@ -275,9 +282,14 @@ async def _replay(ns: argparse.Namespace) -> int:
     import json
 
     from ._replay import replay_histories
-    from ._worker import load_tools, load_workflows
+    from ._worker import load_plugins, load_tools, load_workflows
 
     sys.path.insert(0, os.getcwd())
+    try:
+        others = load_plugins(ns.plugin)
+    except (ValueError, TypeError) as exc:
+        print(f"exactcall replay: {exc}", file=sys.stderr)
+        return 2
     load_tools(_split(ns.tools))
     workflows = load_workflows(_split(ns.workflows))
     paths: list[Path] = []
@@ -286,7 +298,7 @@ async def _replay(ns: argparse.Namespace) -> int:
     if not paths:
         print("exactcall replay: no history files", file=sys.stderr)
         return 2
-    reports = await replay_histories(paths, workflows, namespace=ns.namespace)
+    reports = await replay_histories(paths, workflows, namespace=ns.namespace, plugins=others)
     if ns.json:
         print(json.dumps([r.__dict__ for r in reports], indent=2))
     else:

@@ -97,10 +97,17 @@ async def replay_histories(
     namespace: str | None = None,
     plugins: Sequence[Any] | None = None,
 ) -> list[ReplayReport]:
-    """Replay each file; report nondeterminism and intent drift per file."""
+    """Replay each file; report nondeterminism and intent drift per file.
+
+    ``plugins``: exactcall's (one is added when none is given) and any others the workflows
+    ran with (an agent framework's). A Replayer does not show its plugin list to a plugin, so
+    the others are put first: a plugin that insists on its own payload converter then sets it
+    before exactcall checks that it carries pydantic models."""
     from ._plugin import Plugin
 
-    plugins = list(plugins) if plugins is not None else [Plugin(tools=[])]
+    given = list(plugins or [])
+    ours = [p for p in given if isinstance(p, Plugin)] or [Plugin(tools=[])]
+    plugins = [p for p in given if not isinstance(p, Plugin)] + ours
     conv = _converter(plugins)
     reports = []
     for path in paths:
@@ -123,10 +130,15 @@ async def replay_histories(
 
 
 def _converter(plugins: Sequence[Any]) -> DataConverter:
+    """The data converter the Replayer ends up with, to decode the recorded intents."""
+    from ._plugin import Plugin, choose_data_converter
+
     conv = DataConverter.default
     for p in plugins:
         dc = getattr(p, "data_converter", None)
-        if callable(dc):
+        if isinstance(p, Plugin):
+            conv = choose_data_converter(conv)
+        elif callable(dc):
             conv = dc(conv)
         elif isinstance(dc, DataConverter):
             conv = dc

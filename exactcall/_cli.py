@@ -125,6 +125,9 @@ def _parser() -> argparse.ArgumentParser:
 
     _cli_approvals.add_parsers(sub, _connection_args)
     _cli_reconcile.add_parsers(sub, _connection_args)
+    from . import _cli_mcp
+
+    _cli_mcp.add_parsers(sub, _connection_args)
 
     rp = sub.add_parser("replay", help="replay stored histories; check nondeterminism and intents")
     rp.add_argument("paths", nargs="+", metavar="PATH", help="history JSON files or folders")
@@ -244,6 +247,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from ._chaos import run_chaos
 
             return run_chaos(ns.cmd, ns.upstream, ns.fault, ns.port, as_json=ns.json)
+        if ns.command == "mcp":
+            from ._cli_mcp import run as run_mcp
+
+            return run_mcp(ns, _connection(ns) if ns.mcp_command == "proxy" else None)
         if ns.command == "quickstart":
             from .quickstart.run import run_quickstart
 

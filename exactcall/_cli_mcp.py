@@ -1,0 +1,108 @@
+"""``exactcall mcp proxy`` and ``exactcall mcp scan``: the parsers, and dispatch.
+
+The MCP SDK (the ``mcp`` extra) is imported only when one of them runs, by
+``exactcall.mcp.proxy`` / ``exactcall.mcp.scan``; ``exactcall --help`` works without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import re
+import sys
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_parsers", "parse_duration", "run"]
+
+EXTRA_HINT = "pip install 'exactcall[mcp]'"
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1, None: 1, "m": 60, "min": 60, "h": 3600}
+
+
+def parse_duration(text: str) -> timedelta:
+    """``90``, ``90s``, ``10m``, ``1.5h``, ``500ms`` -> timedelta (argparse type)."""
+    m = _DURATION.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration: use seconds (90, 90s), minutes (10m), hours (1h) or ms"
+        )
+    return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def add_parsers(sub: Any, connection_args: Callable[[argparse.ArgumentParser], None]) -> None:
+    m = sub.add_parser("mcp", help="MCP servers: a once-only stdio proxy, and a risk scan")
+    msub = m.add_subparsers(dest="mcp_command", required=True)
+
+    p = msub.add_parser(
+        "proxy",
+        help="a stdio MCP server in front of another: its write calls happen once, on Temporal",
+        description="Forwards everything between an MCP client and a stdio MCP server, except "
+        "tools/call of write tools, which run as exactcall calls on Temporal (the embedded "
+        "server when none is configured).",
+    )
+    p.add_argument("--name", help="the upstream server's name (default: from its command)")
+    p.add_argument(
+        "--window",
+        type=parse_duration,
+        default=timedelta(minutes=10),
+        help="identical write calls within this window execute once (default 10m)",
+    )
+    p.add_argument("--read-only", action="append", default=[], metavar="TOOL")
+    p.add_argument("--dedupe", action="append", default=[], metavar="TOOL")
+    p.add_argument("--no-dedupe", action="append", default=[], metavar="TOOL")
+    p.add_argument("--approve", action="append", default=[], metavar="TOOL")
+    p.add_argument(
+        "--approval-wait",
+        type=parse_duration,
+        default=timedelta(seconds=60),
+        help="how long a call waiting for approval holds the client before a tool error that "
+        "says how to approve (default 60s)",
+    )
+    p.add_argument(
+        "--trusted", action="store_true", help="trust the server's readOnlyHint annotations"
+    )
+    p.add_argument("--audit", type=Path, help="JSONL audit file (default: in the state folder)")
+    connection_args(p)
+    p.add_argument("server_command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+
+    s = msub.add_parser(
+        "scan",
+        help="list each MCP server's tools by risk (calls no tool)",
+        description="Starts each stdio server of an MCP client config (or the command after "
+        "--), sends only initialize and tools/list, and classes every tool high, medium or low.",
+    )
+    s.add_argument("--config", type=Path, action="append", default=[], metavar="FILE")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--fail-on", choices=("high", "medium", "none"), default="high")
+    s.add_argument("server_command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+
+
+def run(ns: argparse.Namespace, connection: Any) -> int:
+    command = list(ns.server_command or [])
+    if command and command[0] == "--":
+        command = command[1:]
+    ns.server_command = command
+    try:
+        if ns.mcp_command == "proxy":
+            from .mcp.proxy import run_proxy
+
+            if not command:
+                print("exactcall mcp proxy: give the server command after --", file=sys.stderr)
+                return 2
+            result: Any = run_proxy(ns, connection)
+        else:
+            from .mcp.scan import run_scan
+
+            result = run_scan(ns)
+    except ImportError as exc:
+        if "mcp" not in str(exc):
+            raise
+        print(f"exactcall mcp {ns.mcp_command}: {exc}; {EXTRA_HINT}", file=sys.stderr)
+        return 2
+    if inspect.isawaitable(result):
+        result = asyncio.run(result)
+    return int(result)

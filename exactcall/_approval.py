@@ -319,6 +319,7 @@ def ed25519_verifier(keys: Mapping[str, Any]) -> Verifier:
             loaded[name] = k
         else:
             loaded[name] = Ed25519PublicKey.from_public_bytes(bytes(key))
+    _refuse_shared_keys(loaded)
 
     def verify(name: str, payload: bytes, sig: bytes) -> bool:
         key = loaded.get(name)
@@ -331,3 +332,20 @@ def ed25519_verifier(keys: Mapping[str, Any]) -> Verifier:
         return True
 
     return verify
+
+
+def _refuse_shared_keys(keys: Mapping[str, Any]) -> None:
+    """One key under two approver names would let one person give both approvals of a
+    2-of-N, or approve as someone else: refuse it when the plugin is built."""
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    owners: dict[bytes, str] = {}
+    for name, key in keys.items():
+        raw = key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+        if raw in owners:
+            raise ValueError(
+                f"approver_keys: {owners[raw]!r} and {name!r} have the same public key; each "
+                "approver needs a key of their own (min_approvals counts distinct people only "
+                "when their keys are distinct)"
+            )
+        owners[raw] = name

@@ -285,3 +285,53 @@ async def test_signed_decisions(server: DevServer, tq: str, bank: Bank, who: str
         out = await handle.result()
         assert out[0]["ok"]["to"] == who
     assert bank.count(to=who) == 1
+
+
+async def test_with_signing_one_person_cannot_give_two_approvals_of_two_of_n(
+    server: DevServer, tq: str, bank: Bank, who: str
+) -> None:
+    keys = {name: Ed25519PrivateKey.generate() for name in ("alice", "bob", "carol")}
+    with pytest.raises(ValueError, match="'alice' and 'bob' have the same public key"):
+        exactcall.Plugin(
+            approver_keys={"alice": keys["alice"].public_key(), "bob": keys["alice"].public_key()}
+        )
+    plugin = exactcall.Plugin(approver_keys={n: k.public_key() for n, k in keys.items()})
+    client = await connect(Connection(address=server.address), plugin)
+    async with running_worker(client, tq):
+        handle = await start_agent(client, tq, plan(step("wire", bank.url, 10, who)))
+        req = await pending_of(client, handle)
+        h = req.args_hash
+        first = await approvals.approve(
+            client, handle.id, req.step, args_hash=h, by="alice", signing_key=keys["alice"]
+        )
+        # alice's own key, signing as bob: the second approval of the 2-of-3 is refused
+        as_bob = await approvals.approve(
+            client, handle.id, req.step, args_hash=h, by="bob", signing_key=keys["alice"]
+        )
+        # bob's real signature, but over another call's hash, moved onto this one
+        other_hash = exactcall.intent_hash("wire", bank.url, 9999, "mallory")
+        other = approvals.Decision(
+            decision="approve",
+            args_hash=other_hash,
+            step=req.step,
+            by="bob",
+            expires_at=req.expires_at,
+        )
+        sig = keys["bob"].sign(approvals.signed_payload(handle.id, other))
+        moved = other.model_copy(
+            update={"args_hash": h, "signature": base64.b64encode(sig).decode()}
+        )
+        await client.get_workflow_handle(handle.id).signal(approvals.DECIDE_SIGNAL, moved)
+        assert bank.count(to=who) == 0
+        second = await approvals.approve(
+            client, handle.id, req.step, args_hash=h, by="bob", signing_key=keys["bob"]
+        )
+        out = await handle.result()
+        records = (await approvals.view(client, handle.id)).decisions
+    assert first.accepted and first.outcome == "approval 1 of 2 recorded", first.outcome
+    assert not as_bob.accepted and as_bob.outcome == "signature does not verify with bob's key"
+    assert second.accepted and second.outcome == "approved", second.outcome
+    assert [r.accepted for r in records] == [True, False, False, True]
+    assert records[2].outcome == "signature does not verify with bob's key"
+    assert out[0]["ok"]["to"] == who
+    assert bank.count(to=who) == 1

@@ -16,7 +16,7 @@ onto another call.
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -349,3 +349,30 @@ def _refuse_shared_keys(keys: Mapping[str, Any]) -> None:
                 "when their keys are distinct)"
             )
         owners[raw] = name
+
+
+def unsigned_identity_warnings(tools: Sequence[Any], signed: bool) -> list[str]:
+    """What ``approvers=``, ``min_approvals=`` and ``requester_may_approve=False`` cannot
+    guarantee without signed approvals: each names a tool and the option that relies on a name
+    anyone can type (``--as``). Empty when decisions are signed."""
+    if signed:
+        return []
+    out = []
+    for t in tools:
+        o = t.options
+        relies = [
+            label
+            for label, on in (
+                ("approvers=", o.approvers is not None),
+                (f"min_approvals={o.min_approvals}", o.min_approvals > 1),
+                ("requester_may_approve=False", not o.requester_may_approve),
+            )
+            if on
+        ]
+        if relies:
+            out.append(
+                f"tool {t.name}: {', '.join(relies)} checks approver names, which are not "
+                "verified without signed approvals (anyone can pass --as another name, and one "
+                "person can give two approvals); pass exactcall.Plugin(approver_keys={...})"
+            )
+    return out

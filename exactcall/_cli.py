@@ -211,6 +211,13 @@ def _parser() -> argparse.ArgumentParser:
 
     dr = sub.add_parser("doctor", help="versions, the server and its search attributes (no upload)")
     dr.add_argument("--json", action="store_true")
+    dr.add_argument(
+        "--tools",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="also check these modules' tools (approval options that need signed approvals)",
+    )
     _connection_args(dr)
 
     d = sub.add_parser("demo", help="show a crash with and without exactcall, side by side")
@@ -258,7 +265,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ns.command == "doctor":
             from ._doctor import run_doctor
 
-            return asyncio.run(run_doctor(_connection(ns), as_json=ns.json))
+            sys.path.insert(0, os.getcwd())
+            tools = _split(ns.tools)
+            return asyncio.run(run_doctor(_connection(ns), tools=tools, as_json=ns.json))
         if ns.command == "demo":
             from .demo.run import run_demo
 

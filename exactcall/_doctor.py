@@ -3,7 +3,8 @@
 Python, exactcall, temporalio, the ``temporal`` CLI and its bundled server, every agent
 framework installed with its Temporal integration package, then the Temporal server named by
 the usual settings: reached or not, its version, and whether exactcall's search attributes are
-registered in the namespace.
+registered in the namespace. With ``--tools MODULE``, the tools in it, and which of their
+approval options only hold with signed approvals.
 """
 
 from __future__ import annotations
@@ -87,7 +88,19 @@ async def _server(conn: Connection) -> dict[str, Any]:
     return info
 
 
-def _report(server: dict[str, Any]) -> dict[str, Any]:
+def _tools(modules: list[str]) -> dict[str, Any]:
+    """The tools in ``modules``, and what their approval options rely on without signing."""
+    from ._approval import unsigned_identity_warnings
+    from ._worker import load_tools
+
+    tools = load_tools(modules)
+    return {
+        "tools": sorted(t.name for t in tools),
+        "unsigned_approval_identities": unsigned_identity_warnings(tools, signed=False),
+    }
+
+
+def _report(server: dict[str, Any], modules: list[str]) -> dict[str, Any]:
     return {
         "python": {"version": platform.python_version(), "executable": sys.executable},
         "platform": platform.platform(),
@@ -98,6 +111,7 @@ def _report(server: dict[str, Any]) -> dict[str, Any]:
             for name, extra, dists in FRAMEWORKS
         ],
         "server": server,
+        **(_tools(modules) if modules else {}),
     }
 
 
@@ -142,17 +156,24 @@ def _print_text(report: dict[str, Any], problems: list[str]) -> None:
         rows.append(("search attributes", str(attrs)))
     else:
         rows.append(("server", f"{where}: NOT reached"))
+    if "tools" in report:
+        rows.append(("tools", ", ".join(report["tools"]) or "none found"))
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
     print()
     print("\n".join(f"problem: {p}" for p in problems) if problems else "no problems found")
+    for warning in report.get("unsigned_approval_identities", []):
+        print(f"warning: {warning} (if your workers pass approver_keys, this does not apply)")
     print("(nothing was sent anywhere; paste this into a bug report)")
 
 
-async def run_doctor(conn: Connection, *, as_json: bool = False) -> int:
-    """Exit 0 when the server is reached and ready for exactcall, 1 when something is wrong."""
-    report = _report(await _server(conn))
+async def run_doctor(
+    conn: Connection, *, tools: list[str] | None = None, as_json: bool = False
+) -> int:
+    """Exit 0 when the server is reached and ready for exactcall, 1 when something is wrong.
+    ``tools``: modules whose tools to check (approval options that need signed decisions)."""
+    report = _report(await _server(conn), list(tools or []))
     problems = _problems(report)
     if as_json:
         print(json.dumps({**report, "problems": problems}, indent=2))

@@ -56,3 +56,15 @@ async def test_doctor_says_what_is_wrong_when_no_server_answers() -> None:
     assert rc == 1
     assert "NOT reached" in text
     assert "problem: no Temporal server at 127.0.0.1:1" in text and "exactcall server" in text
+
+
+async def test_doctor_names_approval_options_that_need_signing(server: DevServer) -> None:
+    rc, out = await doctor("--address", server.address, "--tools", "tests.tools", "--json")
+    report: dict[str, Any] = json.loads(out)
+    assert "wire" in report["tools"] and "transfer" in report["tools"]
+    [warning] = report["unsigned_approval_identities"]  # only wire relies on names
+    assert warning.startswith("tool wire: approvers=, min_approvals=2, requester_may_approve=False")
+    assert "approver_keys" in warning
+    assert rc == 0  # a warning: the workers may well sign (the doctor cannot see them)
+    rc, text = await doctor("--address", server.address, "--tools", "tests.tools")
+    assert rc == 0 and "warning: tool wire: approvers=" in text

@@ -64,7 +64,10 @@ async def recorded_intents(history: WorkflowHistory, conv: DataConverter) -> lis
         if len(payloads) != 1:
             continue
         try:
-            [intent] = await conv.decode(payloads, [Intent])
+            # decoded without a type hint, then validated: a converter with a lenient fallback
+            # (the OpenAI Agents SDK's) would "decode" any activity input as an Intent
+            [value] = await conv.decode(payloads)
+            intent = Intent.model_validate(value)
         except Exception:
             continue  # a plain Temporal activity
         out.append(intent)

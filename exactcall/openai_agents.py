@@ -1,0 +1,302 @@
+"""exactcall for the OpenAI Agents SDK on Temporal (``pip install 'exactcall[openai-agents]'``).
+
+:func:`function_tool` turns an ``@exactcall.tool`` into an ``agents.FunctionTool`` whose
+``on_invoke_tool`` runs in the workflow and calls :func:`exactcall.call`: the intent is
+persisted, the key derived (step ``pay#1``, ``pay#2``: the tool's ordinal in the workflow, so
+a re-run model turn with new tool-call ids keeps its keys), a crash is never blindly re-run
+and the tool's own ``approval=`` makes the run wait, like any exactcall call. The model sees
+the result as JSON text, and an exactcall refusal (a denied approval, a conflict, bad
+arguments, ...) as a tool error it can answer, not as a crashed run.
+
+For the SDK's own human-in-the-loop (``needs_approval=`` -> ``result.interruptions`` ->
+``state.approve(item)``), :func:`approve` approves an interruption only when the hash a person
+saw equals :func:`intent_hash` of that item's arguments, and the tool refuses to run a
+natively approved call that was not approved through it.
+
+Deterministic workflow code only: :func:`function_tool` and :func:`intent_hash` may be used
+anywhere; :func:`approve` and the tool's invocation run inside the workflow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import re
+import typing
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pydantic_core
+from temporalio import workflow
+
+try:
+    from agents import FunctionTool, RunContextWrapper, RunState
+    from agents.function_schema import function_schema
+    from agents.items import ToolApprovalItem
+    from agents.tool_context import ToolContext
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError(
+        "exactcall.openai_agents needs the OpenAI Agents SDK and its Temporal plugin: "
+        "pip install 'exactcall[openai-agents]'"
+    ) from exc
+
+from ._approval import ApprovalMissing
+from ._call import call_with
+from ._errors import ExactcallError, InvalidCall, PluginNotInstalled, register_error
+from ._tool import KEY_PARAM, Tool, resolve_tool
+
+__all__ = ["ApprovalMismatch", "approve", "function_tool", "intent_hash"]
+
+NeedsApproval = bool | Callable[[RunContextWrapper[Any], dict[str, Any], str], Awaitable[bool]]
+
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+@register_error
+class ApprovalMismatch(ExactcallError):
+    """:func:`approve` was given a hash that is not the one of the item's arguments: the item
+    was not approved (it stays pending)."""
+
+    code = "ApprovalMismatch"
+
+
+# -- the tool --------------------------------------------------------------------------------
+@dataclasses.dataclass
+class _ExactcallFunctionTool(FunctionTool):
+    """A FunctionTool whose invocation is ``exactcall.call`` (kept by ``dataclasses.replace``)."""
+
+    exactcall_tool: Tool | None = dataclasses.field(default=None, kw_only=True, repr=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.on_invoke_tool = self._invoke  # bound once: the SDK compares it by identity
+
+    async def _invoke(self, ctx: ToolContext[Any], raw: str) -> str:
+        """Run in the workflow: the call through exactcall, its refusals as tool errors."""
+        t = self._tool()
+        try:
+            args, kwargs = _call_arguments(t, raw)
+            if await self._natively_gated(ctx, raw):
+                _check_native_approval(t, ctx.tool_call_id, args, kwargs)
+            result = await call_with(t, args=args, kwargs=kwargs)
+        except PluginNotInstalled:
+            raise  # a worker set up wrong: fail loudly, not as a message to the model
+        except ExactcallError as err:
+            return _error_text(err)
+        return _result_text(result)
+
+    def _tool(self) -> Tool:
+        if self.exactcall_tool is None:
+            raise ExactcallError(
+                f"{self.name}: built without an exactcall tool; use "
+                "exactcall.openai_agents.function_tool(tool)"
+            )
+        return self.exactcall_tool
+
+    async def _natively_gated(self, ctx: ToolContext[Any], raw: str) -> bool:
+        """Whether the SDK asked a person about this call (then it ran only once approved)."""
+        setting = self.needs_approval
+        if isinstance(setting, bool):
+            return setting
+        params = json.loads(raw) if raw and raw.strip() else {}
+        verdict = setting(ctx, params, ctx.tool_call_id)
+        if inspect.isawaitable(verdict):
+            verdict = await verdict
+        return bool(verdict)
+
+
+def function_tool(
+    tool: Tool | str,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    needs_approval: NeedsApproval = False,
+    strict_json_schema: bool = True,
+) -> FunctionTool:
+    """An ``agents.FunctionTool`` that runs ``tool`` through :func:`exactcall.call`.
+
+    Its JSON schema comes from the tool's signature, without ``idempotency_key``; its name is
+    the tool's (or ``name=``), its description the tool's docstring (or ``description=``).
+    ``needs_approval``: the SDK's own human-in-the-loop (a bool, or ``async (run_context,
+    params, call_id) -> bool``); approve its interruptions with :func:`approve`. The tool's
+    exactcall ``approval=`` applies as well, and is authoritative.
+    """
+    t = resolve_tool(tool)
+    tool_name = name or t.name
+    if not _TOOL_NAME.match(tool_name):
+        raise ValueError(
+            f"exactcall tool {t.name!r}: {tool_name!r} is not a valid OpenAI tool name "
+            "(1-64 letters, digits, '_' or '-'); pass function_tool(tool, name=...)"
+        )
+    schema = function_schema(
+        _signature_only(t),
+        name_override=tool_name,
+        description_override=description,
+        strict_json_schema=strict_json_schema,
+    )
+    return _ExactcallFunctionTool(
+        name=tool_name,
+        description=schema.description or "",
+        params_json_schema=schema.params_json_schema,
+        on_invoke_tool=_unbound,
+        strict_json_schema=strict_json_schema,
+        needs_approval=needs_approval,
+        exactcall_tool=t,
+    )
+
+
+async def _unbound(ctx: ToolContext[Any], raw: str) -> str:  # replaced in __post_init__
+    raise ExactcallError("exactcall function tool used before it was built")
+
+
+def _signature_only(t: Tool) -> Callable[..., Any]:
+    """A stand-in for the tool's function with its signature minus ``idempotency_key`` (what
+    ``function_schema`` reads: signature, resolved annotations, name and docstring)."""
+    hints = _hints(t.fn)
+    params = []
+    for p in t.params.values():
+        ann = hints.get(p.name, Any)
+        params.append(p.replace(annotation=ann))
+
+    def stand_in(*args: Any, **kwargs: Any) -> Any:
+        raise TypeError("signature only")
+
+    stand_in.__name__ = t.name
+    stand_in.__qualname__ = t.name
+    stand_in.__doc__ = t.fn.__doc__
+    stand_in.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    stand_in.__annotations__ = {p.name: p.annotation for p in params}
+    return stand_in
+
+
+def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(fn, include_extras=True)
+    except Exception:  # unresolvable forward references: plain JSON values
+        return {}
+
+
+def _call_arguments(t: Tool, raw: str) -> tuple[list[Any], dict[str, Any]]:
+    """The model's JSON arguments as ``exactcall.call_with`` arguments (InvalidCall if they
+    are not a JSON object)."""
+    try:
+        parsed = json.loads(raw) if raw and raw.strip() else {}
+    except json.JSONDecodeError as exc:
+        raise InvalidCall(
+            f"{t.name}: the arguments are not valid JSON ({exc}); send a JSON object",
+            tool=t.name,
+        ) from None
+    if not isinstance(parsed, dict):
+        raise InvalidCall(f"{t.name}: the arguments must be a JSON object", tool=t.name)
+    args: list[Any] = []
+    for p in t.params.values():
+        if p.kind is p.POSITIONAL_ONLY and p.name in parsed:
+            args.append(parsed.pop(p.name))
+        elif p.kind is p.VAR_KEYWORD and isinstance(parsed.get(p.name), dict):
+            parsed.update(parsed.pop(p.name))
+    if KEY_PARAM in parsed and t.takes_key:
+        raise InvalidCall(
+            f"{t.name}: {KEY_PARAM} is derived by exactcall and cannot be sent", tool=t.name
+        )
+    return args, parsed
+
+
+def _result_text(result: Any) -> str:
+    """What the model sees of a result: a string as it is, anything else as JSON."""
+    if isinstance(result, str):
+        return result
+    return pydantic_core.to_json(result).decode()
+
+
+def _error_text(err: ExactcallError) -> str:
+    """What the model sees of an exactcall refusal: JSON with the code, message and step."""
+    body: dict[str, Any] = {"error": err.code, "message": err.message}
+    for field in ("tool", "step", "args_hash"):
+        if field in err.fields:
+            body[field] = err.fields[field]
+    return json.dumps(body)
+
+
+# -- the SDK's own human-in-the-loop, bound to the hash ---------------------------------------
+_BOUND: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictionary()
+
+
+def _bound() -> dict[str, str]:
+    """call_id -> args hash approved through :func:`approve`, for this workflow instance."""
+    instance = workflow.instance()
+    found = _BOUND.get(instance)
+    if found is None:
+        found = _BOUND[instance] = {}
+    return found
+
+
+def intent_hash(item: ToolApprovalItem) -> str:
+    """``exactcall.intent_hash`` of an interruption's call: the hash to show a person, and the
+    one :func:`approve` requires."""
+    t = _tool_of(item)
+    args, kwargs = _call_arguments(t, item.arguments or "")
+    return t.hash(*args, **kwargs)
+
+
+def approve(state: RunState[Any], item: ToolApprovalItem, *, args_hash: str) -> None:
+    """Approve the interruption ``item`` of an exactcall tool, only if ``args_hash`` is
+    :func:`intent_hash` of its arguments; otherwise raise :class:`ApprovalMismatch` and leave
+    it pending. Approves that one call (never ``always_approve``). Call it in the workflow
+    that resumes the run (``Runner.run(agent, state)``): the tool checks the hash there."""
+    if not workflow.in_workflow():
+        raise ExactcallError(
+            "exactcall.openai_agents.approve runs in the workflow that resumes the agent run "
+            "(Runner.run(agent, state)): the tool checks the approved hash there"
+        )
+    if not item.call_id:
+        raise InvalidCall(f"{item.tool_name}: the interruption has no call id", tool=item.tool_name)
+    expected = intent_hash(item)
+    if args_hash != expected:
+        raise ApprovalMismatch(
+            f"{item.tool_name} call {item.call_id}: the approval is for args hash {args_hash}, "
+            f"but the call's arguments hash to {expected}; it was not approved and stays "
+            "pending. Show the person the call's arguments and their hash again.",
+            tool=item.tool_name,
+            args_hash=args_hash,
+            expected_hash=expected,
+            call_id=item.call_id,
+        )
+    _bound()[item.call_id] = expected
+    state.approve(item, always_approve=False)
+
+
+def _check_native_approval(t: Tool, call_id: str, args: list[Any], kwargs: dict[str, Any]) -> None:
+    """Refuse a natively gated call unless :func:`approve` bound its call id to this hash."""
+    actual = t.hash(*args, **kwargs)
+    approved = _bound().pop(call_id, None)
+    if approved == actual:
+        return
+    how = (
+        "it was approved without its hash (state.approve)"
+        if approved is None
+        else f"it was approved for args hash {approved}"
+    )
+    raise ApprovalMissing(
+        f"{t.name} call {call_id} needs approval of args hash {actual}, but {how}; nothing "
+        "ran. Approve interruptions with exactcall.openai_agents.approve(state, item, "
+        "args_hash=...)",
+        tool=t.name,
+        args_hash=actual,
+        call_id=call_id,
+    )
+
+
+def _tool_of(item: ToolApprovalItem) -> Tool:
+    """The exactcall tool behind an interruption (looked up in the item's agent)."""
+    agent = item.agent
+    for candidate in getattr(agent, "tools", None) or []:
+        if isinstance(candidate, _ExactcallFunctionTool) and candidate.name == item.tool_name:
+            return candidate._tool()
+    raise InvalidCall(
+        f"interruption {item.call_id} of {item.tool_name!r} is not a call of a tool made with "
+        "exactcall.openai_agents.function_tool on its agent; approve it with the SDK "
+        "(state.approve) if it is not an exactcall tool",
+        tool=item.tool_name,
+    )

@@ -99,6 +99,22 @@ def _parser() -> argparse.ArgumentParser:
         "framework's, e.g. a function returning OpenAIAgentsPlugin(...)); repeatable",
     )
     w.add_argument(
+        "--mcp-server",
+        action="append",
+        default=[],
+        metavar="NAME=COMMAND|URL",
+        help="an MCP server for exactcall.mcp.tool tools: a stdio command (split like a "
+        "shell) or a streamable HTTP URL; repeatable (needs exactcall[mcp])",
+    )
+    w.add_argument(
+        "--mcp-trusted",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="trust this --mcp-server's readOnlyHint annotations (for tools defined with "
+        "read_only=None); repeatable",
+    )
+    w.add_argument(
         "--sticky-timeout",
         type=float,
         default=None,
@@ -378,6 +394,25 @@ def _server(ns: argparse.Namespace) -> int:
         server.stop()
 
 
+def _mcp_servers(options: list[str], trusted: list[str]) -> dict[str, object] | None:
+    """``--mcp-server NAME=COMMAND|URL`` and ``--mcp-trusted NAME`` -> Plugin(mcp_servers=)."""
+    if not options:
+        if trusted:
+            raise ValueError("--mcp-trusted names a --mcp-server; none was given")
+        return None
+    try:
+        from .mcp._spec import parse_server_option, server_spec
+    except ImportError as exc:
+        raise ImportError(
+            f"--mcp-server needs the MCP SDK ({exc}): pip install 'exactcall[mcp]'"
+        ) from exc
+    servers = dict(parse_server_option(o) for o in options)
+    unknown = sorted(set(trusted) - set(servers))
+    if unknown:
+        raise ValueError(f"--mcp-trusted {unknown}: no --mcp-server has that name")
+    return {n: server_spec(s, trusted=n in trusted) for n, s in servers.items()}
+
+
 async def _worker(ns: argparse.Namespace) -> int:
     from ._plugin import Plugin
     from ._worker import (
@@ -402,7 +437,13 @@ async def _worker(ns: argparse.Namespace) -> int:
     except (ValueError, TypeError) as exc:
         print(f"exactcall worker: {exc}", file=sys.stderr)
         return 2
-    client = await connect(_connection(ns), Plugin(tools=tools), others)
+    try:
+        mcp_servers = _mcp_servers(ns.mcp_server, ns.mcp_trusted)
+    except (ValueError, ImportError) as exc:
+        print(f"exactcall worker: {exc}", file=sys.stderr)
+        return 2
+    plugin = Plugin(tools=tools, mcp_servers=mcp_servers)
+    client = await connect(_connection(ns), plugin, others)
     sticky = timedelta(seconds=ns.sticky_timeout) if ns.sticky_timeout else None
     tuning = {
         "max_cached_workflows": ns.max_cached_workflows,

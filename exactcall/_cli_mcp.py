@@ -78,6 +78,12 @@ def add_parsers(sub: Any, connection_args: Callable[[argparse.ArgumentParser], N
     s.add_argument("--config", type=Path, action="append", default=[], metavar="FILE")
     s.add_argument("--json", action="store_true")
     s.add_argument("--fail-on", choices=("high", "medium", "none"), default="high")
+    s.add_argument(
+        "--timeout",
+        type=parse_duration,
+        default=timedelta(seconds=20),
+        help="how long each server has to start and list its tools (default 20s)",
+    )
     s.add_argument("server_command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
 

@@ -95,14 +95,20 @@ class Plugin(SimplePlugin):
         *,
         approver_keys: Mapping[str, Any] | None = None,
         search_attributes: bool = True,
+        mcp_servers: Mapping[str, Any] | None = None,
     ) -> None:
         """``approver_keys``: approver name -> Ed25519 public key (PEM, raw bytes or key
         object); when given, only decisions signed by those keys are accepted.
         ``search_attributes``: mirror pending approvals and parked calls into the Bool search
         attributes ``ExactcallPending`` and ``ExactcallUnresolved`` (for ``exactcall approvals
         list`` and ``exactcall unresolved``); the worker registers them if the cluster lets it.
-        Keep both settings the same on every worker and replayer."""
+        Keep both settings the same on every worker and replayer.
+        ``mcp_servers``: server name -> a stdio command (list of strings), a streamable HTTP
+        URL or an ``exactcall.mcp.McpServerSpec``, for ``exactcall.mcp.tool`` tools; the
+        worker opens each on first use and closes it when it stops (needs the ``mcp``
+        extra)."""
         self._tools = list(tools) if tools is not None else None
+        self._mcp = _mcp_pool(mcp_servers) if mcp_servers else None
         config = WorkflowConfig(
             verifier=ed25519_verifier(approver_keys) if approver_keys else None,
             search_attributes=search_attributes,
@@ -112,7 +118,7 @@ class Plugin(SimplePlugin):
         super().__init__(
             "exactcall.Plugin",
             data_converter=None,  # chosen in configure_client, which sees the later plugins
-            interceptors=[_Interceptor(config)],
+            interceptors=[_Interceptor(config), *_mcp_interceptors(self._mcp)],
             activities=self._activities,
             workflows=[CallRecord, Reconcile],
             workflow_runner=_workflow_runner,
@@ -136,7 +142,11 @@ class Plugin(SimplePlugin):
         client = self._worker_client
         if client is not None and self.workflow_config.search_attributes:
             await ensure_search_attributes(client)
-        yield
+        if self._mcp is None:
+            yield
+            return
+        async with self._mcp.running(self.tools if client is not None else ()):
+            yield
 
     def configure_client(self, config: ClientConfig) -> ClientConfig:
         plugins = list(config.get("plugins") or [])
@@ -160,6 +170,22 @@ class Plugin(SimplePlugin):
                 "exactcall.Plugin() on Client.connect(plugins=[...]) rather than on the Worker"
             )
         return super().configure_worker(config)
+
+
+def _mcp_pool(servers: Mapping[str, Any]) -> Any:
+    """The worker's MCP connections (imports the ``mcp`` extra only when MCP is used)."""
+    try:
+        from .mcp._tool import McpPool
+    except ImportError as exc:
+        raise ExactcallError(
+            f"exactcall.Plugin(mcp_servers=...) needs the MCP SDK ({exc}): "
+            "pip install 'exactcall[mcp]'"
+        ) from exc
+    return McpPool(servers)
+
+
+def _mcp_interceptors(pool: Any) -> list[Interceptor]:
+    return [] if pool is None else [pool.interceptor()]
 
 
 async def ensure_search_attributes(client: Client) -> None:

@@ -82,16 +82,16 @@ async def connect(
 
 
 def load_plugins(specs: Sequence[str]) -> list[Any]:
-    """``module:NAME``: a Temporal plugin object, or a callable that returns one or a list of
-    them (called with no arguments)."""
+    """``module:NAME``: a Temporal plugin object, a plugin class, or a function that returns
+    one or a list of them (called with no arguments)."""
     found: list[Any] = []
     for spec in specs:
         module_name, sep, attr = spec.partition(":")
         if not sep or not attr:
             raise ValueError(f"--plugin {spec!r}: expected MODULE:NAME (a plugin or a factory)")
         obj = getattr(importlib.import_module(module_name), attr)
-        if callable(obj) and not hasattr(obj, "configure_client"):
-            obj = obj()
+        if inspect.isclass(obj) or (callable(obj) and not hasattr(obj, "configure_client")):
+            obj = obj()  # a plugin class (PydanticAIPlugin) or a factory function
         plugins = list(obj) if isinstance(obj, list | tuple) else [obj]
         for pl in plugins:
             if not hasattr(pl, "configure_client") and not hasattr(pl, "configure_worker"):

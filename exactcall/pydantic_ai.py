@@ -1,0 +1,315 @@
+"""exactcall for Pydantic AI agents on Temporal (``pip install 'exactcall[pydantic-ai]'``).
+
+``toolset(*tools)`` is what goes on ``Agent(toolsets=[...])``: every call the model makes to one
+of its tools runs through ``exactcall.call`` in the workflow (a persisted intent, a derived key,
+no blind re-run), never through Pydantic AI's toolset activity. Nothing else is needed besides
+Pydantic AI's own ``TemporalDurability`` capability and ``PydanticAIPlugin``::
+
+    agent = Agent(model, name="payer", toolsets=[exactcall.pydantic_ai.toolset(pay)],
+                  capabilities=[TemporalDurability()])
+
+The model sees each tool's signature (minus ``idempotency_key``) and docstring. Steps are
+exactcall's ordinals (``pay#1``, ``pay#2``): Pydantic AI never re-runs a tool call that returned,
+so they are stable under replay, crashes, a retried model turn and a resume; neither the
+``RunContext`` nor its ``run_id`` (which holds the Temporal run id) enters a key or a hash.
+
+Pydantic AI's deferred approvals are bound to the argument hash: a tool named in
+``requires_approval`` ends the run with ``DeferredToolRequests`` whose ``metadata[tool_call_id]``
+carries the call's ``exactcall_args_hash``; ``approve(requests, tool_call_id, args_hash=...)``
+builds the ``DeferredToolResults`` that resumes it. Where the tool runs, an approval is honoured
+only if its hash is the hash of the arguments about to run (``override_args`` included); a plain
+``True`` carries no hash and releases nothing.
+
+exactcall's refusals (a denied, expired or mismatched approval, a conflict, a definite failure,
+an abandoned call, an unknown outcome with ``on_unknown="raise"``) reach the model as a failed
+tool result (Pydantic AI's ``ToolFailed``): the run goes on and the model reads why.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
+
+try:
+    from pydantic_ai import DeferredToolRequests, DeferredToolResults, ToolApproved
+    from pydantic_ai import Tool as PaiTool
+    from pydantic_ai.exceptions import ApprovalRequired, ModelRetry
+    from pydantic_ai.exceptions import ToolFailed as PaiToolFailed
+    from pydantic_ai.tools import RunContext
+    from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError(
+        "exactcall.pydantic_ai needs Pydantic AI with its Temporal extra: "
+        "pip install 'exactcall[pydantic-ai]'"
+    ) from exc
+
+from ._approval import ApprovalDenied, ApprovalExpired, ApprovalMissing
+from ._call import call_with
+from ._canonical import args_hash
+from ._errors import AmbiguousOutcome, IntentConflict, InvalidCall, ToolFailed
+from ._reconcile import CallAbandoned
+from ._tool import KEY_PARAM, Tool, resolve_tool
+
+__all__ = ["ARGS_HASH", "ExactcallToolset", "approve", "toolset"]
+
+ARGS_HASH = "exactcall_args_hash"
+"""The key, in ``DeferredToolRequests.metadata[id]`` and ``DeferredToolResults.metadata[id]``,
+of the call's exactcall args hash."""
+
+_REFUSALS = (
+    ApprovalDenied,
+    ApprovalExpired,
+    ApprovalMissing,
+    IntentConflict,
+    ToolFailed,
+    CallAbandoned,
+    AmbiguousOutcome,
+)
+
+
+def toolset(
+    *tools: Tool | str,
+    id: str | None = None,
+    requires_approval: bool | Collection[Tool | str] = False,
+    max_retries: int = 1,
+) -> ExactcallToolset:
+    """The toolset to put on ``Agent(toolsets=[...])``: each tool call runs through exactcall.
+
+    ``tools``: exactcall tools (``@exactcall.tool``) or their names. ``requires_approval``:
+    True for all of them, or the tools whose calls end the run with ``DeferredToolRequests``
+    until approved with :func:`approve` (Pydantic AI's human-in-the-loop flow; a tool declared
+    ``@exactcall.tool(approval=True)`` instead waits inside the run for exactcall's signal).
+    ``max_retries``: how often the model may retry a call whose arguments do not fit.
+    """
+    return ExactcallToolset(
+        tools, id=id, requires_approval=requires_approval, max_retries=max_retries
+    )
+
+
+class ExactcallToolset(AbstractToolset[Any]):
+    """A Pydantic AI toolset of exactcall tools; build it with :func:`toolset`.
+
+    It is not a ``FunctionToolset``, so ``TemporalDurability`` leaves it as it is: listing and
+    calling its tools happen in the workflow, and each call is ``exactcall.call``'s own tool
+    activity (intent first, key derived, attempts settled) instead of a toolset activity.
+    """
+
+    def __init__(
+        self,
+        tools: Sequence[Tool | str],
+        *,
+        id: str | None = None,
+        requires_approval: bool | Collection[Tool | str] = False,
+        max_retries: int = 1,
+    ) -> None:
+        if not tools:
+            raise TypeError("exactcall.pydantic_ai.toolset() needs at least one exactcall tool")
+        resolved = [resolve_tool(t) for t in tools]
+        self._tools: dict[str, Tool] = {}
+        for t in resolved:
+            if t.name in self._tools:
+                raise ValueError(f"exactcall.pydantic_ai.toolset(): {t.name!r} is listed twice")
+            self._tools[t.name] = t
+        self._id = id
+        self._max_retries = max_retries
+        self._approval = _approval_names(requires_approval, self._tools)
+        self._defs = {name: _definition(t, max_retries) for name, t in self._tools.items()}
+
+    @property
+    def id(self) -> str | None:
+        return self._id
+
+    @property
+    def tools(self) -> list[Tool]:
+        """The exactcall tools of this toolset."""
+        return list(self._tools.values())
+
+    def requires_approval(self, name: str) -> bool:
+        """Whether calls of ``name`` wait for a Pydantic AI deferred approval."""
+        return name in self._approval
+
+    async def get_tools(self, ctx: RunContext[Any]) -> dict[str, ToolsetTool[Any]]:
+        return {
+            name: ToolsetTool(
+                toolset=self,
+                tool_def=pai.tool_def,
+                max_retries=self._max_retries,
+                args_validator=pai.function_schema.validator,
+            )
+            for name, pai in self._defs.items()
+        }
+
+    async def call_tool(
+        self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
+    ) -> Any:
+        t = self._tools.get(name) or self._tools[tool.tool_def.name]
+        if ctx.tool_call_approved:
+            check_approval(t, tool_args, ctx.tool_call_metadata)
+        elif t.name in self._approval:
+            raise ApprovalRequired(metadata=request_metadata(t, tool_args))
+        args, kwargs = _split(t, tool_args)
+        try:
+            return await call_with(t, args=args, kwargs=kwargs)
+        except _REFUSALS as err:
+            raise PaiToolFailed(f"{err.code}: {err.message}") from err
+        except InvalidCall as err:
+            raise ModelRetry(f"{err.code}: {err.message}") from err
+
+
+def approve(
+    requests: DeferredToolRequests,
+    tool_call_id: str,
+    *,
+    args_hash: str,
+    override_args: Mapping[str, Any] | None = None,
+    results: DeferredToolResults | None = None,
+) -> DeferredToolResults:
+    """Approve one call of ``requests`` for exactly the arguments whose hash is ``args_hash``.
+
+    Without ``override_args`` the hash must be the requested call's
+    (``requests.metadata[tool_call_id]["exactcall_args_hash"]``), or this raises ValueError and
+    approves nothing. With ``override_args`` it must be the hash of the overridden arguments
+    (``exactcall.intent_hash(tool, **override_args)``); the tool checks it where it runs and
+    refuses the call if it is not. ``results``: add to these results (returned) instead of new
+    ones.
+    """
+    call = next((c for c in requests.approvals if c.tool_call_id == tool_call_id), None)
+    if call is None:
+        pending = ", ".join(repr(c.tool_call_id) for c in requests.approvals) or "none"
+        raise ValueError(
+            f"no call with tool_call_id {tool_call_id!r} waits for approval (pending: {pending})"
+        )
+    requested = (requests.metadata.get(tool_call_id) or {}).get(ARGS_HASH)
+    if requested is None:
+        raise ValueError(
+            f"{call.tool_name} ({tool_call_id}) carries no exactcall_args_hash: it is not a call "
+            "of an exactcall.pydantic_ai.toolset(..., requires_approval=...) tool (a wrapper such "
+            "as .approval_required() asks without the hash); approve it the Pydantic AI way"
+        )
+    _check_hash_format(args_hash)
+    if override_args is None and args_hash != requested:
+        raise ValueError(
+            f"args_hash {args_hash} is not the hash of the requested call {call.tool_name} "
+            f"({tool_call_id}), which is {requested}: approve the call you reviewed. "
+            "Nothing was approved"
+        )
+    out = results if results is not None else DeferredToolResults()
+    approved = dict(override_args) if override_args is not None else None
+    out.approvals[tool_call_id] = ToolApproved(override_args=approved)
+    out.metadata[tool_call_id] = {**out.metadata.get(tool_call_id, {}), ARGS_HASH: args_hash}
+    return out
+
+
+def request_metadata(t: Tool, tool_args: Mapping[str, Any]) -> dict[str, Any]:
+    """What a deferred approval request of ``t`` carries: tool, canonical args and their hash."""
+    canonical = _canonical(t, tool_args)
+    return {
+        "exactcall_tool": t.name,
+        "exactcall_args": canonical,
+        ARGS_HASH: args_hash(t.name, canonical),
+    }
+
+
+def check_approval(t: Tool, tool_args: Mapping[str, Any], metadata: Any) -> None:
+    """Refuse (Pydantic AI ``ToolFailed``) an approval that is not for exactly these arguments."""
+    granted = metadata.get(ARGS_HASH) if isinstance(metadata, Mapping) else None
+    if granted is None:
+        raise PaiToolFailed(
+            f"ApprovalMissing: the approval of {t.name} carries no exactcall args hash (a plain "
+            "True releases nothing for an exactcall tool); approve with "
+            "exactcall.pydantic_ai.approve(requests, tool_call_id, args_hash=...). Nothing ran"
+        )
+    actual = args_hash(t.name, _canonical(t, tool_args))
+    if granted != actual:
+        raise PaiToolFailed(
+            f"ApprovalMissing: the approval of {t.name} is for args hash {granted}, but the "
+            f"arguments about to run hash to {actual} (override_args change the hash: approve "
+            "with the hash of the overridden arguments). Nothing ran"
+        )
+
+
+def _canonical(t: Tool, tool_args: Mapping[str, Any]) -> dict[str, Any]:
+    args, kwargs = _split(t, tool_args)
+    try:
+        return t.canonical_args(args, kwargs)
+    except InvalidCall as err:
+        raise ModelRetry(f"{err.code}: {err.message}") from err
+
+
+def _split(t: Tool, tool_args: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """Positional-only parameters go by position; everything else by name."""
+    kwargs = dict(tool_args)
+    args = [
+        kwargs.pop(name)
+        for name, p in t.params.items()
+        if p.kind is p.POSITIONAL_ONLY and name in kwargs
+    ]
+    return args, kwargs
+
+
+def _check_hash_format(value: Any) -> None:
+    if not (
+        isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+    ):
+        raise ValueError(
+            f"args_hash={value!r}: an exactcall args hash is 64 lowercase hex characters "
+            "(the request's metadata exactcall_args_hash, or exactcall.intent_hash(...))"
+        )
+
+
+def _approval_names(
+    spec: bool | Collection[Tool | str], tools: Mapping[str, Tool]
+) -> frozenset[str]:
+    if spec is True:
+        return frozenset(tools)
+    if spec is False:
+        return frozenset()
+    if isinstance(spec, str) or not isinstance(spec, Collection):
+        raise TypeError(
+            f"requires_approval={spec!r}: use True, False, or a collection of this toolset's tools"
+        )
+    names = frozenset(resolve_tool(t).name if isinstance(t, Tool) else str(t) for t in spec)
+    unknown = sorted(names - set(tools))
+    if unknown:
+        raise ValueError(
+            f"requires_approval names {unknown}, which are not in this toolset ({sorted(tools)})"
+        )
+    return names
+
+
+def _definition(t: Tool, max_retries: int) -> PaiTool[Any]:
+    """A Pydantic AI tool definition from the exactcall tool's signature and docstring."""
+    return PaiTool(
+        _signature_proxy(t),
+        takes_ctx=False,
+        name=t.name,
+        max_retries=max_retries,
+    )
+
+
+def _signature_proxy(t: Tool) -> Callable[..., Any]:
+    """A function with the tool's signature minus ``idempotency_key`` (never called)."""
+
+    def proxy(*args: Any, **kwargs: Any) -> Any:  # pragma: no cover - schema only
+        raise RuntimeError("exactcall tools run through exactcall.call")
+
+    hints = _hints(t.fn)
+    params = list(t.params.values())
+    proxy.__signature__ = inspect.signature(t.fn).replace(parameters=params)  # type: ignore[attr-defined]
+    proxy.__annotations__ = {k: v for k, v in hints.items() if k != KEY_PARAM}
+    proxy.__name__ = t.name
+    proxy.__qualname__ = t.name
+    proxy.__doc__ = inspect.getdoc(t.fn)
+    return proxy
+
+
+def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(fn, include_extras=True)
+    except Exception as exc:
+        raise TypeError(
+            f"exactcall.pydantic_ai: the annotations of {fn.__qualname__} cannot be resolved "
+            f"({exc}); the model needs them for the tool's schema"
+        ) from exc

@@ -6,6 +6,7 @@ Nothing is downloaded at run time and no Docker is needed. Used by ``exactcall s
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -129,7 +130,37 @@ class DevServer:
                 self.stop()
                 raise TimeoutError(f"temporal dev server not reachable on {self.address}")
             time.sleep(0.05)
+        self._wait_healthy(deadline)
         return self
+
+    def _wait_healthy(self, deadline: float) -> None:
+        """The port opens before the frontend serves ("Frontend is not healthy yet"): wait
+        until a client can connect (in a thread of its own: callers may run an event loop)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        async def connects() -> None:
+            from temporalio.client import Client
+
+            while True:
+                try:
+                    await Client.connect(self.address)
+                    return
+                except RuntimeError:
+                    if (
+                        time.monotonic() > deadline
+                        or self._proc is None
+                        or (self._proc.poll() is not None)
+                    ):
+                        raise
+                    await asyncio.sleep(0.05)
+
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="exactcall-server") as pool:
+            try:
+                pool.submit(asyncio.run, connects()).result()
+            except RuntimeError as exc:
+                tail = self.log_tail().strip()
+                self.stop()
+                raise RuntimeError(f"temporal dev server on {self.address}: {exc} {tail}") from exc
 
     def log_tail(self, size: int = 2000) -> str:
         if self._log is None:

@@ -112,11 +112,10 @@ class Result:
             return f"{name} FAILED: {self.error}"
         plain = _payments(self.plain_payments)
         exact = _payments(self.exactcall_payments)
-        twice = "paid twice: the retry sent it again" if self.plain_payments > 1 else "no repeat"
-        once = "once: not re-sent" if self.exactcall_payments == 1 else "DUPLICATE"
+        twice = "the retry paid again" if self.plain_payments > 1 else "not repeated"
+        once = "not re-sent" if self.exactcall_payments == 1 else "DUPLICATE"
         return (
-            f"{name} plain Temporal integration: {plain} ({twice})   "
-            f"with exactcall: {exact} ({once})   {self.seconds:.1f} s"
+            f"{name} plain: {plain} ({twice})   exactcall: {exact} ({once})   {self.seconds:.1f} s"
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -263,9 +262,9 @@ async def _run_all(frameworks: Sequence[Framework], out: TextIO, quiet: bool) ->
         client = await Client.connect(server.address, plugins=[Plugin()])
         if not quiet:
             print(
-                f"exactcall quickstart on the embedded Temporal server ({server.address}): each "
-                f"agent pays {AMOUNT} once with a fake model; its worker is SIGKILLed right after "
-                "the payment and a new one takes over\n",
+                f"exactcall quickstart on the embedded Temporal server ({server.address}):\n"
+                f"each agent pays {AMOUNT} once with a fake model; its worker is SIGKILLed right "
+                "after the payment, then a new worker takes over\n",
                 file=out,
                 flush=True,
             )

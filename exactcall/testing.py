@@ -30,6 +30,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
@@ -157,6 +158,11 @@ class WorkerProcess:
             start_new_session=True,  # a Ctrl-C is the caller's to handle: it kills the workers
         )
         self.log: list[str] = []
+        self._started = threading.Event()
+        self._eof = threading.Event()
+        threading.Thread(
+            target=self._read_stderr, name=f"exactcall-{name}-stderr", daemon=True
+        ).start()
 
     @property
     def tail(self) -> list[str]:
@@ -164,31 +170,42 @@ class WorkerProcess:
         return [line.rstrip() for line in self.log[-20:] if line.strip()]
 
     async def started(self, timeout: float = 60) -> WorkerProcess:
-        """Wait for the worker's ``worker.started`` line; keep draining its stderr after."""
-        assert self.proc.stderr is not None
+        """Wait for the worker's ``worker.started`` line (its stderr is read by a thread of its
+        own, so any number of workers can start at once)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while loop.time() < deadline:
-            line = await asyncio.to_thread(self.proc.stderr.readline)
-            self.log.append(line.decode(errors="replace"))
-            if b"worker.started" in line:
-                loop.run_in_executor(None, self._drain)
-                return self
-            if not line and self.proc.poll() is not None:
+        while not self._started.is_set():
+            if self._eof.is_set() and self.proc.poll() is not None:
                 raise RuntimeError(
                     f"worker exited with {self.proc.returncode}: {''.join(self.log)[-2000:]}"
                 )
-        raise TimeoutError("worker did not start")
+            if loop.time() > deadline:
+                raise TimeoutError(f"worker did not start within {timeout:.0f} s")
+            await asyncio.sleep(0.02)
+        return self
 
-    def _drain(self) -> None:
+    def _read_stderr(self) -> None:
         assert self.proc.stderr is not None
-        for line in iter(self.proc.stderr.readline, b""):
-            self.log.append(line.decode(errors="replace"))
-            del self.log[:-500]
+        try:
+            for line in iter(self.proc.stderr.readline, b""):
+                self.log.append(line.decode(errors="replace"))
+                if not self._started.is_set() and b"worker.started" in line:
+                    self._started.set()
+                del self.log[:-500]
+        except (OSError, ValueError):  # closed by stop()
+            pass
+        finally:
+            self._eof.set()
 
     async def killed(self, timeout: float = 120) -> int:
         """Wait until the process died (its crash point SIGKILLs it); its return code."""
-        return await asyncio.wait_for(asyncio.to_thread(self.proc.wait), timeout)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while (code := self.proc.poll()) is None:
+            if loop.time() > deadline:
+                raise TimeoutError(f"worker {self.name} still alive after {timeout:.0f} s")
+            await asyncio.sleep(0.02)
+        return code
 
     def kill(self) -> None:
         """SIGKILL it now (a crash at an arbitrary moment)."""

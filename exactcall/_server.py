@@ -87,6 +87,11 @@ class DevServer:
         return f"{self.ip}:{self.port}"
 
     @property
+    def pid(self) -> int | None:
+        """The ``temporal`` process's id while it runs."""
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    @property
     def ui_url(self) -> str | None:
         if self.headless:
             return None

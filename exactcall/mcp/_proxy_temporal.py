@@ -99,7 +99,7 @@ def start_embedded(name: str) -> Embedded:
         _stop_pid(info["pid"])  # not answering: never two on one database
     server = DevServer(db=folder / f"{name}.db", fast=True, headless=True)
     server.start()
-    pid = server._proc.pid if server._proc else None
+    pid = server.pid
     info_path.write_text(json.dumps({"address": server.address, "pid": pid}))
     log.info("mcp_proxy.server_started", address=server.address, db=str(server.db))
     return Embedded(address=server.address, server=server, lock_fd=lock_fd)

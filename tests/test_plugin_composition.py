@@ -108,3 +108,26 @@ async def test_a_converter_that_cannot_carry_pydantic_models_is_refused_clearly(
         await Client.connect(server.address, data_converter=conv, plugins=[exactcall.Plugin()])
     msg = str(exc.value)
     assert "_PlainJSON" in msg and "PydanticPayloadConverter" in msg
+
+
+def test_the_core_imports_no_integration() -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    probe = (
+        "import sys\n"
+        "import exactcall, exactcall.approvals, exactcall.reconciliation, exactcall.testing\n"
+        "import exactcall.demo.run, exactcall.quickstart.run, exactcall._doctor\n"
+        "from exactcall._cli import _parser\n"
+        "_parser()\n"
+        "exactcall.Plugin()\n"
+        "top = {m.split('.')[0] for m in sys.modules}\n"
+        "print(sorted(top & {'agents', 'openai', 'pydantic_ai', 'langgraph', 'langchain_core',"
+        " 'mcp', 'mcp_types'}))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True
+    )
+    assert run.stdout.strip() == "[]", run.stdout

@@ -6,13 +6,18 @@ Markers, in the order they are written (each is durable before the next step run
    attempt's chain as owner — written *before* the tool is called, visible to every run;
 2. this attempt's heartbeat details say ``calling`` — a synchronous heartbeat, which also
    proves this attempt is still the live one (a stale attempt's heartbeat is refused);
-3. the tool runs, heartbeated by exactcall while it does;
+3. the tool runs, heartbeated by exactcall while it does (synchronously, and through the
+   worker, which otherwise times the attempt out after heartbeat_timeout + a few seconds);
 4. the record gets ``done`` with the result (or ``released`` when the tool says it did not
    happen, or ``unknown``).
 
 An attempt that finds (1) without (2) from its own chain knows the tool was never called.
 One that finds (2), or (1) from another chain, knows the tool may have been called: it
 re-calls only a provider-idempotent tool (same key), and otherwise ends as AmbiguousOutcome.
+
+Cancellation (see ``_cancelling``): cancelled before the tool was called, the key is released
+(NotExecuted); afterwards the tool is told and decides: it returns (done), raises NotExecuted
+(released), or anything else (unknown).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Any
 
 import structlog
 from temporalio import activity
-from temporalio.client import AsyncActivityHandle
+from temporalio.client import AsyncActivityCancelledError, AsyncActivityHandle
 from temporalio.exceptions import ApplicationError
 
 from exactcall._approval import ApprovalMissing
@@ -42,9 +47,11 @@ from exactcall._errors import (
 )
 from exactcall._model import Intent, Owner, RecordEvent
 from exactcall._reconcile import CallAbandoned, reconcile_id
+from exactcall._settle import SETTLE_PREFIX
 from exactcall._tool import Tool
 from exactcall._wait import needs_approval
 
+from ._cancelling import BY_WORKFLOW, Cancellation, ToolCancelled, durably
 from ._records import Record, RecordView
 
 __all__ = ["tool_activity"]
@@ -71,7 +78,12 @@ class Attempt:
         self.tool = t
         self.intent = intent
         self.info = info
-        self.owner = Owner(run_id=info.workflow_run_id or "", activity_id=info.activity_id)
+        chain = info.activity_id
+        self.settling = chain.startswith(SETTLE_PREFIX)
+        if self.settling:  # settles the chain of the cancelled activity, from its markers
+            chain = chain[len(SETTLE_PREFIX) :]
+        self.owner = Owner(run_id=info.workflow_run_id or "", activity_id=chain)
+        self.cancel = Cancellation(self)
         self.handle: AsyncActivityHandle = activity.client().get_async_activity_handle(
             task_token=info.task_token
         )
@@ -96,6 +108,8 @@ class Attempt:
         self._check_intent()
         if self.tool.options.read_only:
             return await self._invoke(beat_phase="read_only")
+        if self.settling:
+            return await self.cancel.settle()
         return await self._settle()
 
     def _unchanged_details(self) -> dict[str, Any]:
@@ -112,7 +126,7 @@ class Attempt:
             return await self._finish_recording()
         if await self._claim_and_beat():
             return await self._call(beat=False)
-        async with self._keepalive(self._unchanged_details()):
+        async with self._keepalive(self._unchanged_details(), via_worker=False):
             view = await self.record.read()
         if view is None:  # a record that vanished (retention): claim it anew
             if await self.record.claim(self.owner, self.info.attempt):
@@ -147,7 +161,7 @@ class Attempt:
         if self._may_recall(view):
             self.log.info("tool.recall_same_key", reason="provider-idempotent")
             await self._mark("calling")
-            return await self._call()
+            return await self._call(maybe_called=True)
         if view.state.phase != "unknown":  # an attempt may still be finishing: give it a moment
             async with self._keepalive({"phase": "calling", "attempt": self.info.attempt}):
                 waited = await self.record.wait_done(self.tool.options.heartbeat_timeout)
@@ -198,15 +212,18 @@ class Attempt:
         """
         if self.previous_phase == "calling":  # keep what the earlier attempt wrote
             return False
-        claimed, _ = await asyncio.gather(
+        both = asyncio.gather(
             self.record.claim(self.owner, self.info.attempt),
             self._beat({"phase": "calling", "attempt": self.info.attempt}),
         )
-        return claimed
+        claimed, _ = await durably(both, self.cancel.by_worker)  # a claim is never torn
+        return bool(claimed)
 
-    async def _call(self, beat: bool = True) -> Any:
+    async def _call(self, beat: bool = True, maybe_called: bool = False) -> Any:
         if beat:
             await self._beat({"phase": "calling", "attempt": self.info.attempt})
+        if self.cancel.why:
+            return await self.cancel.before_call(maybe_called)
         maybe_crash("in_call", self.intent.tool, self.info.attempt, self.intent.step)
         try:
             result = await self._invoke(beat_phase="calling")
@@ -236,20 +253,20 @@ class Attempt:
         if beat_phase != "read_only":
             i = self.intent
             note_execution(i.tool, i.step, i.key, self.info.attempt, i.workflow_id)
-        with running(self.intent):
+        with running(self.intent):  # the tool's task (or thread) copies this context
             if t.is_async:
-                work: Awaitable[Any] = t.fn(*pos, **kw)
+                run = asyncio.ensure_future(t.fn(*pos, **kw))
             else:
-                work = asyncio.to_thread(t.fn, *pos, **kw)
-            async with self._keepalive({"phase": beat_phase, "attempt": self.info.attempt}):
-                return await work
+                run = asyncio.ensure_future(asyncio.to_thread(t.fn, *pos, **kw))
+        async with self._keepalive({"phase": beat_phase, "attempt": self.info.attempt}):
+            return await self.cancel.outcome(run)
 
     async def _failed(self, exc: Exception) -> Any:
         opts = self.tool.options
         if isinstance(exc, (NotExecuted, *opts.not_executed_on)):
             await self._mark("released", reason=_describe(exc))
             await self._beat({"phase": "released", "attempt": self.info.attempt})
-            final = self._final_attempt(exc)
+            final = self._final_attempt(exc) or self.cancel.by_workflow
             self.log.info("tool.not_executed", error=_describe(exc), final=final)
             raise ApplicationError(
                 _describe(exc),
@@ -257,11 +274,14 @@ class Attempt:
                 type=NotExecuted.code,
                 non_retryable=final,
             ) from exc
-        if opts.provider_idempotent is not False and not self._final_attempt(exc):
+        retried = not self.cancel.by_workflow  # a cancelled call is not retried
+        if opts.provider_idempotent is not False and retried and not self._final_attempt(exc):
             # the provider dedupes on the key: the next attempt re-calls with the same key
             self.log.warning("tool.error_retry_same_key", error=_describe(exc))
             raise ApplicationError(_describe(exc), type="ToolError") from exc
         reason = f"the tool raised {_describe(exc)} after it may have started its effect"
+        if self.cancel.why and not isinstance(exc, ToolCancelled):
+            reason = f"{reason} ({self.cancel.why})"
         await self._unknown(reason)
         raise AmbiguousOutcome(
             f"{self.intent.tool} {self.intent.step}: outcome unknown; not re-sent. {reason}. "
@@ -279,19 +299,39 @@ class Attempt:
         return 0 < policy.maximum_attempts <= self.info.attempt
 
     # -- markers ----------------------------------------------------------------------------
-    async def _beat(self, details: dict[str, Any]) -> None:
-        """A synchronous heartbeat: durable, and refused if this attempt is stale."""
-        await self.handle.heartbeat(details)
+    async def _beat(
+        self, details: dict[str, Any], durable: bool = True, via_worker: bool = True
+    ) -> None:
+        """A synchronous heartbeat: durable, and refused if this attempt is stale. Its answer
+        may say that the workflow cancelled the call (the heartbeat is recorded all the same).
+
+        ``via_worker``: the same details go to the worker's own (throttled, so possibly late)
+        heartbeat too, which the worker needs to keep the attempt (it times out attempts that
+        do not heartbeat through it). Only for details that a late arrival cannot make less
+        careful: "calling" and what follows it, never an earlier attempt's details while
+        deciding. ``durable``: finished even if the attempt is cancelled meanwhile (not for
+        the liveness loop, which is cancelled when its work is done)."""
+        if via_worker:
+            activity.heartbeat(details)
+        beat = self.handle.heartbeat(details)
+        try:
+            await (durably(beat, self.cancel.by_worker) if durable else beat)
+        except AsyncActivityCancelledError as exc:
+            if exc.details is not None and not exc.details.cancel_requested:
+                raise  # paused or reset by an operator: as before, this attempt ends
+            self.cancel(BY_WORKFLOW)
 
     @contextlib.asynccontextmanager
-    async def _keepalive(self, details: dict[str, Any]) -> AsyncIterator[None]:
+    async def _keepalive(
+        self, details: dict[str, Any], via_worker: bool = True
+    ) -> AsyncIterator[None]:
         interval = max(0.2, self.tool.options.heartbeat_timeout.total_seconds() / 4)
 
         async def loop() -> None:
             while True:
                 await asyncio.sleep(interval)
                 try:
-                    await self.handle.heartbeat(details)
+                    await self._beat(details, durable=False, via_worker=via_worker)
                 except Exception as exc:  # stale attempt or server away: keep the tool going
                     self.log.warning("tool.heartbeat_failed", error=_describe(exc))
 
@@ -304,9 +344,8 @@ class Attempt:
                 await task
 
     async def _mark(self, kind: str, **fields: Any) -> None:
-        await self.record.mark(
-            RecordEvent(kind=kind, owner=self.owner, attempt=self.info.attempt, **fields)  # type: ignore[arg-type]
-        )
+        ev = RecordEvent(kind=kind, owner=self.owner, attempt=self.info.attempt, **fields)  # type: ignore[arg-type]
+        await durably(self.record.mark(ev), self.cancel.by_worker)
 
     async def _done(self, value: Any, unserializable: str | None = None) -> None:
         try:

@@ -5,7 +5,8 @@ Pure and deterministic (runs inside workflows). A decision is a Temporal signal
 its canonical arguments; a decision whose hash differs from the pending call's is rejected and
 recorded, and the call stays pending. The first final decision wins: once a call is approved,
 a later deny is rejected as "already approved" (the call may already be running), and once it
-is denied or expired nothing can approve it.
+is denied or expired nothing can approve it. A call whose caller was cancelled while it waited
+is no longer pending; a later decision is rejected as "not pending".
 
 Signed decisions (optional): when the worker knows approvers' Ed25519 public keys, a decision
 must carry a signature by the key of its ``by`` over the canonical JSON of
@@ -165,7 +166,7 @@ class _Open:
     request: ApprovalRequest
     approvers: frozenset[str] | None
     requester_may_approve: bool
-    state: Literal["pending", "approved", "denied", "expired"] = "pending"
+    state: Literal["pending", "approved", "denied", "expired", "cancelled"] = "pending"
     reasons: list[str] = field(default_factory=list)
     decided_at: datetime | None = None
 
@@ -202,6 +203,14 @@ class ApprovalBook:
         o = self.open[step]
         if o.state == "pending":
             o.state = "expired"
+            o.decided_at = now
+
+    def cancel(self, step: str, now: datetime) -> None:
+        """The call stopped waiting (its caller or workflow was cancelled): no longer pending,
+        and no later decision applies to it."""
+        o = self.open[step]
+        if o.state == "pending":
+            o.state = "cancelled"
             o.decided_at = now
 
     def grant(self, step: str) -> ApprovalGrant:
@@ -241,6 +250,8 @@ class ApprovalBook:
         self, o: _Open, d: Decision, now: datetime, consumed_preapproval: bool = False
     ) -> DecisionRecord:
         req = o.request
+        if o.state == "cancelled":
+            return self._record(d, False, "not pending: the call was cancelled; nothing ran", now)
         if o.state != "pending":
             return self._record(d, False, f"already {o.state}", now)
         if now > req.expires_at:

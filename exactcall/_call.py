@@ -14,7 +14,14 @@ from typing import Any
 import pydantic
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    is_cancelled_exception,
+)
+from temporalio.exceptions import CancelledError as ActivityCancelled
+from temporalio.exceptions import TimeoutError as ActivityTimedOut
+from temporalio.workflow import ActivityCancellationType
 
 from ._canonical import args_hash, derive_key
 from ._errors import (
@@ -27,14 +34,22 @@ from ._errors import (
     error_from_failure,
 )
 from ._model import Intent
-from ._settle import OnUnknown, reconcile
+from ._settle import (
+    OnUnknown,
+    await_verdict,
+    reconciling,
+    settle_activity_id,
+    start_reconciliation,
+    tell_cancelled,
+)
 from ._tool import Tool, resolve_tool
 from ._wait import needs_approval, wait_for_approval
-from ._wfstate import Flight, state
+from ._wfstate import Flight, cancellation_reaches_calls, state
 
 __all__ = ["call", "call_with", "intent_of"]
 
 MAX_KEY_LENGTH = 200
+_WAIT = ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
 _NON_RETRYABLE = [
     "AmbiguousOutcome",
     "IntentConflict",
@@ -93,13 +108,17 @@ async def call_with(
         raise InvalidCall(f"on_unknown={mode!r}: use 'wait' or 'raise'", tool=t.name)
     intent = intent_of(t, args, kwargs or {}, key)
     st = state()
-    if t.options.read_only:
-        return _typed(t, await execute_tool_activity(t, intent))
+    if t.options.read_only:  # never shared; cancelled like a plain activity (not awaited)
+        try:
+            return _typed(t, await execute_tool_activity(t, intent))
+        except _Interrupted as err:
+            if cancellation_reaches_calls():
+                raise asyncio.CancelledError(err.message) from None
+            raise
     flight = st.flights.get(intent.key)
     if flight is None:
-        work = _approved_then_execute(t, intent, mode)
-        flight = Flight(intent, asyncio.ensure_future(work))
-        st.flights[intent.key] = flight
+        flight = Flight(intent)
+        st.flights[intent.key] = flight.start(_run_flight(t, intent, mode, flight))
     elif flight.intent.args_hash != intent.args_hash:
         raise IntentConflict(
             f"step {intent.step!r} of {t.name} already ran in this workflow with args hash "
@@ -111,7 +130,27 @@ async def call_with(
             args_hash=intent.args_hash,
             recorded_hash=flight.intent.args_hash,
         )
-    return _typed(t, await asyncio.shield(flight.task))
+    return _typed(t, await _join(flight))
+
+
+async def _join(flight: Flight) -> Any:
+    """Wait for a call shared by every caller of its key.
+
+    A cancelled caller gets CancelledError; the call goes on for the others. When the last
+    caller waiting is cancelled (a cancelled workflow cancels them all), the call itself is
+    cancelled and this caller waits until it has settled (its record says what happened, an
+    unknown outcome has gone to reconciliation) before CancelledError propagates.
+    """
+    flight.waiters += 1
+    try:
+        return await asyncio.shield(flight.task)
+    except asyncio.CancelledError:
+        if flight.waiters == 1 and not flight.task.done() and cancellation_reaches_calls():
+            flight.cancel()
+            await flight.settled()
+        raise
+    finally:
+        flight.waiters -= 1
 
 
 def intent_of(t: Tool, args: Sequence[Any], kwargs: Mapping[str, Any], key: str | None) -> Intent:
@@ -143,21 +182,81 @@ def _check_key(key: Any) -> str:
     return key
 
 
-async def _approved_then_execute(t: Tool, intent: Intent, on_unknown: OnUnknown) -> Any:
+async def _run_flight(t: Tool, intent: Intent, on_unknown: OnUnknown, flight: Flight) -> Any:
+    """Approval, then the tool activity, then (for an unknown outcome) the reconciliation.
+
+    Cancelled while waiting for approval: the request is withdrawn. Cancelled while the
+    activity is scheduled or running: the activity is cancelled and its outcome awaited (the
+    tool sees the cancellation through its heartbeat); when no attempt reported one (it had
+    not started, or its worker died), one more attempt settles the call from its markers
+    without calling the tool.
+    """
     if needs_approval(t, intent):
         grant = await wait_for_approval(t, intent)
         intent = intent.model_copy(update={"approval": grant})
     try:
-        return await execute_tool_activity(t, intent)
+        return await execute_tool_activity(t, intent, cancellation=_WAIT)
     except AmbiguousOutcome as err:
-        return await reconcile(t, intent, err, on_unknown)
+        return await _reconcile(t, intent, err, on_unknown, flight)
+    except (_Interrupted, asyncio.CancelledError):
+        if not flight.cancelled:
+            raise
+        return await _settle_cancelled(t, intent, flight)
 
 
-async def execute_tool_activity(t: Tool, intent: Intent, activity_id: str | None = None) -> Any:
-    """Schedule the tool activity for ``intent``; exactcall errors come back typed."""
+async def _reconcile(
+    t: Tool, intent: Intent, err: AmbiguousOutcome, on_unknown: OnUnknown, flight: Flight
+) -> Any:
+    flight.interruptible = False  # the reconciliation starts even if the call is cancelled now
+    was_cancelled = flight.cancelled
+    try:
+        child = await start_reconciliation(t, intent, err, cancelled=was_cancelled)
+        if flight.cancelled and not was_cancelled:
+            await tell_cancelled(intent)
+    finally:
+        flight.interruptible = True
+    if on_unknown == "raise" or flight.cancelled:
+        raise reconciling(err, intent)
+    try:
+        return await await_verdict(t, intent, child)
+    except BaseException as exc:
+        if flight.cancelled and is_cancelled_exception(exc):
+            # the reconciliation goes on without the caller (it outlives the workflow), and
+            # will not re-run a call whose workflow was cancelled
+            flight.interruptible = False
+            await tell_cancelled(intent)
+            raise asyncio.CancelledError() from None
+        raise
+
+
+async def _settle_cancelled(t: Tool, intent: Intent, flight: Flight) -> Any:
+    """The cancelled activity ended with no word from an attempt: read the markers."""
+    flight.interruptible = False
+    base = _activity_id(t, intent)
+    try:
+        return await execute_tool_activity(t, intent, settle_activity_id(base), _WAIT)
+    except AmbiguousOutcome as err:
+        await start_reconciliation(t, intent, err, cancelled=True)
+        raise reconciling(err, intent) from None
+
+
+def _activity_id(t: Tool, intent: Intent) -> str:
+    return intent.step if not intent.explicit_key else f"{t.name}[{intent.step}]"
+
+
+async def execute_tool_activity(
+    t: Tool,
+    intent: Intent,
+    activity_id: str | None = None,
+    cancellation: ActivityCancellationType = ActivityCancellationType.TRY_CANCEL,
+) -> Any:
+    """Schedule the tool activity for ``intent``; exactcall errors come back typed.
+
+    ``cancellation``: a call's flight waits for a cancelled attempt to report what the tool
+    did (WAIT_CANCELLATION_COMPLETED); read-only calls and re-runs are cancelled as usual."""
     opts = t.options
     if activity_id is None:
-        activity_id = intent.step if not intent.explicit_key else f"{t.name}[{intent.step}]"
+        activity_id = _activity_id(t, intent)
     try:
         return await workflow.execute_activity(
             t.name,
@@ -168,6 +267,7 @@ async def execute_tool_activity(t: Tool, intent: Intent, activity_id: str | None
             retry_policy=_retry_policy(t),
             activity_id=activity_id,
             summary=f"{t.name} {intent.step} args {intent.args_hash[:12]}",
+            cancellation_type=cancellation,
         )
     except ActivityError as err:
         raise _outcome_error(t, intent, err) from err
@@ -189,9 +289,17 @@ def _retry_policy(t: Tool) -> RetryPolicy:
     )
 
 
+class _Interrupted(ToolFailed):
+    """The activity was cancelled or timed out without an attempt reporting an outcome."""
+
+
 def _outcome_error(t: Tool, intent: Intent, err: ActivityError) -> ExactcallError:
     cause = err.cause
     fields = {"tool": t.name, "step": intent.step, "key": intent.key, "args_hash": intent.args_hash}
+    if isinstance(cause, ActivityCancelled | ActivityTimedOut):
+        return _Interrupted(
+            f"{t.name} {intent.step} was cancelled before an attempt reported: {cause}", **fields
+        )
     if isinstance(cause, ApplicationError):
         rebuilt = error_from_failure(cause)
         if isinstance(rebuilt, NotExecuted):

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any, Literal
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, WorkflowIDReusePolicy
-from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.workflow import ParentClosePolicy
+from temporalio.exceptions import FailureError, WorkflowAlreadyStartedError
+from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
 
 from ._errors import AmbiguousOutcome, ToolFailed
 from ._model import Intent
@@ -21,15 +22,38 @@ from ._reconcile import (
 )
 from ._tool import Tool
 
-__all__ = ["AWAIT_SETTLED", "OnUnknown", "reconcile", "settled_result"]
+__all__ = [
+    "AWAIT_SETTLED",
+    "CANCELLED_ERROR",
+    "CANCELLED_MEMO",
+    "CANCELLED_SIGNAL",
+    "SETTLE_PREFIX",
+    "OnUnknown",
+    "await_verdict",
+    "reconciling",
+    "settle_activity_id",
+    "settled_result",
+    "start_reconciliation",
+    "tell_cancelled",
+]
 
 OnUnknown = Literal["wait", "raise"]
 AWAIT_SETTLED = "exactcall.await_settled"
+CANCELLED_MEMO = "exactcall.call_cancelled"
+CANCELLED_SIGNAL = "exactcall.call_cancelled"
+CANCELLED_ERROR = "Cancelled"
+"""``Settled.error_type`` of a cancelled call that did not land (its key is released)."""
+SETTLE_PREFIX = "exactcall.settle:"
 
 
-async def reconcile(t: Tool, intent: Intent, err: AmbiguousOutcome, on_unknown: OnUnknown) -> Any:
-    """Route an unknown outcome to the reconciliation workflow of its key."""
-    cid = reconcile_id(intent.key)
+async def start_reconciliation(
+    t: Tool, intent: Intent, err: AmbiguousOutcome, *, cancelled: bool = False
+) -> ChildWorkflowHandle[Any, Settled] | None:
+    """Start the reconciliation of the call's key (None: an earlier run started it).
+
+    It is a child that outlives its parent. ``cancelled``: the call's workflow cancelled it,
+    so a "not landed" verdict releases the key instead of running the call once more.
+    """
     inp = ReconcileInput(
         intent=intent,
         reason=str(err.fields.get("reason") or err.message),
@@ -38,27 +62,39 @@ async def reconcile(t: Tool, intent: Intent, err: AmbiguousOutcome, on_unknown: 
         probe_deadline=t.options.reconcile_deadline,
     )
     try:
-        child = await workflow.start_child_workflow(
+        return await workflow.start_child_workflow(
             RECONCILE_WORKFLOW,
             inp,
-            id=cid,
+            id=reconcile_id(intent.key),
             task_queue=intent.record_task_queue,
             parent_close_policy=ParentClosePolicy.ABANDON,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             result_type=Settled,
             static_summary=f"reconcile {intent.tool} {intent.step} of {intent.workflow_id}",
+            memo={CANCELLED_MEMO: True} if cancelled else None,
         )
     except WorkflowAlreadyStartedError:  # an earlier run of this workflow started it
-        child = None
-    if on_unknown == "raise":
-        raise AmbiguousOutcome(
-            f"{err.message} Reconciliation {cid} is running; `exactcall unresolved` lists the "
-            "call until it is settled.",
-            **{**err.fields, "reconcile_id": cid},
-        )
+        return None
+
+
+def reconciling(err: AmbiguousOutcome, intent: Intent) -> AmbiguousOutcome:
+    """The AmbiguousOutcome an agent gets when it does not wait for the verdict."""
+    cid = reconcile_id(intent.key)
+    return AmbiguousOutcome(
+        f"{err.message} Reconciliation {cid} is running; `exactcall unresolved` lists the "
+        "call until it is settled.",
+        **{**err.fields, "reconcile_id": cid},
+    )
+
+
+async def await_verdict(
+    t: Tool, intent: Intent, child: ChildWorkflowHandle[Any, Settled] | None
+) -> Any:
+    """Wait for the reconciliation's verdict. Cancelling the wait never cancels it."""
+    cid = reconcile_id(intent.key)
     workflow.logger.warning("exactcall call.reconciling: %s %s (%s)", t.name, intent.step, cid)
     if child is not None:
-        settled: Settled = await child
+        settled: Settled = await asyncio.shield(child)
     else:
         settled = await workflow.execute_activity(
             AWAIT_SETTLED,
@@ -69,6 +105,20 @@ async def reconcile(t: Tool, intent: Intent, err: AmbiguousOutcome, on_unknown: 
             retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=30)),
         )
     return settled_result(t, intent, settled)
+
+
+async def tell_cancelled(intent: Intent) -> None:
+    """Tell a running reconciliation that the call's workflow cancelled the call."""
+    handle = workflow.get_external_workflow_handle(reconcile_id(intent.key))
+    try:
+        await handle.signal(CANCELLED_SIGNAL)
+    except FailureError:  # it has settled already
+        workflow.logger.info("exactcall: reconciliation of %s already settled", intent.step)
+
+
+def settle_activity_id(activity_id: str) -> str:
+    """Activity id of the attempt that settles a cancelled call from its markers."""
+    return SETTLE_PREFIX + activity_id
 
 
 def settled_result(t: Tool, intent: Intent, settled: Settled) -> Any:
@@ -86,6 +136,13 @@ def settled_result(t: Tool, intent: Intent, settled: Settled) -> Any:
             f"{t.name} {intent.step}: outcome unknown and abandoned by {settled.decided_by}"
             + (f": {settled.reason}" if settled.reason else ""),
             **fields,
+        )
+    if settled.error_type == CANCELLED_ERROR:
+        raise ToolFailed(
+            f"{t.name} {intent.step} was cancelled and did not happen (decided by "
+            f"{settled.decided_by}); its key is released",
+            **fields,
+            error_type=settled.error_type,
         )
     raise ToolFailed(
         f"{t.name} {intent.step} was re-run after '{settled.decided_by}' said it had not "

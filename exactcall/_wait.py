@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from temporalio import workflow
 
 from ._approval import (
@@ -66,6 +68,13 @@ async def wait_for_approval(t: Tool, intent: Intent) -> ApprovalGrant:
         )
     except TimeoutError:
         st.book.expire(intent.step, workflow.now())
+    except asyncio.CancelledError:
+        # the caller (or the workflow) was cancelled: the request is no longer pending, it
+        # leaves the listing, and a later decision is rejected as not pending
+        st.book.cancel(intent.step, workflow.now())
+        st.publish_pending()
+        workflow.logger.info("exactcall approval.cancelled: %s %s", t.name, intent.step)
+        raise
     st.publish_pending()
     return _outcome(t, intent, req)
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import weakref
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 from temporalio import workflow
 from temporalio.api.common.v1 import Payload
 from temporalio.common import SearchAttributeKey
+from temporalio.exceptions import is_cancelled_exception
 from temporalio.worker import (
     ContinueAsNewInput,
     ExecuteWorkflowInput,
@@ -36,7 +38,9 @@ from ._errors import PluginNotInstalled
 from ._model import Intent
 
 __all__ = [
+    "CANCEL_PATCH",
     "CARRY_HEADER",
+    "Flight",
     "WorkflowConfig",
     "WorkflowState",
     "current_config",
@@ -45,6 +49,9 @@ __all__ = [
 ]
 
 CARRY_HEADER = "exactcall-ordinals"
+CANCEL_PATCH = "exactcall.cancellation-reaches-calls"
+"""Histories recorded before cancellation reached calls replay as they ran: a cancelled
+caller did not cancel its call then."""
 PENDING_KEY = SearchAttributeKey.for_bool(PENDING_ATTRIBUTE)
 
 
@@ -58,8 +65,36 @@ class WorkflowConfig:
 
 @dataclass
 class Flight:
+    """One call in flight, shared by every caller of its key in this workflow.
+
+    It is cancelled when its last waiting caller is cancelled (or the workflow ends
+    cancelled), not when one of several callers is. ``interruptible`` is False while the call
+    starts its reconciliation or settles after a cancellation: those steps always finish,
+    and the flight looks at ``cancelled`` after them.
+    """
+
     intent: Intent
-    task: asyncio.Task[Any]
+    task: asyncio.Task[Any] = field(init=False)
+    waiters: int = 0
+    cancelled: bool = False
+    interruptible: bool = True
+
+    def start(self, work: Coroutine[Any, Any, Any]) -> Flight:
+        self.task = asyncio.ensure_future(work)
+        return self
+
+    def cancel(self) -> None:
+        if self.cancelled or self.task.done():
+            return
+        self.cancelled = True
+        if self.interruptible:
+            self.task.cancel()
+
+    async def settled(self) -> None:
+        """Wait until the flight ended, whatever its outcome (never cancels it)."""
+        await asyncio.wait([self.task])
+        if not self.task.cancelled():
+            self.task.exception()  # retrieved: the callers see it, or cancellation wins
 
 
 @dataclass
@@ -75,6 +110,16 @@ class WorkflowState:
         self.ordinals[tool] = n
         return f"{tool}#{n}"
 
+    async def cancel_flights(self) -> None:
+        """The workflow ends cancelled: cancel every call still in flight, wait for each."""
+        left = [f for f in self.flights.values() if not f.task.done()]
+        if not left or not cancellation_reaches_calls():
+            return
+        for f in left:
+            f.cancel()
+        for f in left:
+            await f.settled()
+
     def publish_pending(self) -> None:
         """Mirror pending approvals into the memo and the search attribute (for listing)."""
         pending = self.book.pending()
@@ -89,6 +134,11 @@ class WorkflowState:
 
 
 _STATES: weakref.WeakKeyDictionary[Any, WorkflowState] = weakref.WeakKeyDictionary()
+
+
+def cancellation_reaches_calls() -> bool:
+    """Whether a cancellation cancels the calls it reaches (see CANCEL_PATCH)."""
+    return workflow.patched(CANCEL_PATCH)
 
 
 def state() -> WorkflowState:
@@ -151,7 +201,14 @@ class _Inbound(WorkflowInboundInterceptor):
 
     async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
         _install(self.config)
-        return await super().execute_workflow(input)
+        try:
+            return await super().execute_workflow(input)
+        except BaseException as err:
+            # a workflow that ends cancelled cancels the calls it still has in flight (in
+            # tasks of its own, which its cancellation did not reach) and waits for them
+            if is_cancelled_exception(err):
+                await state().cancel_flights()
+            raise
 
 
 class _Outbound(WorkflowOutboundInterceptor):

@@ -4,7 +4,8 @@ A probe asks the destination; if it cannot tell (or there is none, or its deadli
 call is parked until a person resolves it. ``landed`` completes the call with a result;
 ``not_landed`` lets it run once more with the same key (a probe may order that once; a person
 as often as they decide); ``abandon`` ends it with CallAbandoned. Every verdict is recorded on
-the call's record, in this workflow's memo and by query.
+the call's record, in this workflow's memo and by query. It outlives the workflow of its call;
+when that workflow cancelled the call, ``not_landed`` releases the key instead of re-running.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from exactcall._reconcile import (
     UnresolvedCall,
     Verdict,
 )
+from exactcall._settle import CANCELLED_ERROR, CANCELLED_MEMO, CANCELLED_SIGNAL
 
 from ._record import MARK_SIGNAL, record_id
 
@@ -56,6 +58,7 @@ class Reconcile:
         self._waiting: Resolution | None = None
         self._parked = False
         self._settled: Settled | None = None
+        self._call_cancelled = False
 
     @workflow.run
     async def run(self, inp: ReconcileInput) -> Settled:
@@ -64,6 +67,8 @@ class Reconcile:
 
         tool = get_tool(inp.intent.tool)
         self._reason = inp.reason
+        if workflow.memo_value(CANCELLED_MEMO, False, type_hint=bool):
+            self._call_cancelled = True
         probe_reruns = 0
         reruns = 0
         while True:
@@ -79,6 +84,8 @@ class Reconcile:
                 return await self._finish(
                     inp, Settled(outcome="abandoned", verdict="abandon", decided_by=by, reason=why)
                 )
+            if self._call_cancelled:
+                return await self._release_cancelled(inp, by)
             probe_reruns += by == "probe"
             reruns += 1
             await self._mark(inp, "not_landed", reason=f"not landed, decided by {by}")
@@ -172,6 +179,28 @@ class Reconcile:
             self._waiting = res
             outcome = "accepted"
         self._resolutions.append((res, outcome))
+
+    @workflow.signal(name=CANCELLED_SIGNAL)
+    def call_cancelled(self) -> None:
+        """The call's workflow cancelled it: "not landed" will release the key, not re-run."""
+        if not self._call_cancelled:
+            self._call_cancelled = True
+            self._note("the call was cancelled by its workflow: it will not be run again")
+
+    async def _release_cancelled(self, inp: ReconcileInput, by: str) -> Settled:
+        reason = f"not landed (decided by {by}); the call was cancelled, so it is not run again"
+        await self._mark(inp, "not_landed", reason=reason)
+        return await self._finish(
+            inp,
+            Settled(
+                outcome="failed",
+                verdict="not_landed",
+                decided_by=by,
+                reason=reason,
+                error_type=CANCELLED_ERROR,
+            ),
+            marked=True,
+        )
 
     @workflow.query(name=STATE_QUERY)
     def state(self) -> ReconcileState:

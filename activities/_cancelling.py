@@ -1,0 +1,209 @@
+"""How an attempt is cancelled, and how it passes the cancellation on to the tool.
+
+Two sources: the workflow cancels the call (exactcall's own heartbeat, every quarter of the
+heartbeat timeout, answers "cancel requested"), or the worker cancels the attempt (its
+graceful shutdown is over, or the server timed the attempt out). Either way the tool sees it
+once: an async tool gets CancelledError, and ``activity.is_cancelled()`` turns true for a sync
+one. What the tool then does decides the outcome: it returns (done), raises NotExecuted (it
+did not happen), or anything else (unknown, reconciled).
+
+The *settling* attempt (activity id ``exactcall.settle:<id>``) runs after a cancelled
+activity ended with no attempt reporting (it had not started, or its worker died): it decides
+from the markers alone and never calls the tool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from exactcall._errors import AmbiguousOutcome, NotExecuted
+
+if TYPE_CHECKING:
+    from ._runner import Attempt
+
+__all__ = [
+    "BY_SHUTDOWN",
+    "BY_WORKFLOW",
+    "Cancellation",
+    "ToolCancelled",
+    "durably",
+    "worker_reason",
+]
+
+T = TypeVar("T")
+
+BY_WORKFLOW = "the workflow cancelled the call"
+BY_SHUTDOWN = "the worker shut down"
+
+
+class ToolCancelled(Exception):
+    """The tool ended on a cancellation without saying whether its effect happened."""
+
+
+def worker_reason() -> str:
+    """Why the worker cancelled this attempt, from the SDK's cancellation details."""
+    d = activity.cancellation_details()
+    if d is None or d.worker_shutdown:
+        return BY_SHUTDOWN
+    if d.cancel_requested:
+        return BY_WORKFLOW
+    if d.timed_out or d.not_found:
+        return "the attempt timed out"
+    return "the attempt was paused or reset"
+
+
+async def durably(work: Awaitable[T], on_cancel: Callable[[], None]) -> T:
+    """Finish ``work`` even if this attempt is cancelled meanwhile (a marker is never torn
+    by the worker's shutdown); ``on_cancel`` notes that it was."""
+    task = asyncio.ensure_future(work)
+    while True:
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.done():
+                return task.result()
+            _uncancel()
+            on_cancel()
+
+
+def _uncancel() -> None:
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+
+
+class Cancellation:
+    """The cancellation state of one attempt, and its delivery to the running tool."""
+
+    def __init__(self, attempt: Attempt) -> None:
+        self.attempt = attempt
+        self.why: str | None = None
+        """Why this attempt was cancelled, once it was (BY_WORKFLOW, BY_SHUTDOWN, ...)."""
+        self.tool_run: asyncio.Future[Any] | None = None
+        self._delivered = False
+
+    @property
+    def by_workflow(self) -> bool:
+        return self.why == BY_WORKFLOW
+
+    def __call__(self, why: str) -> None:
+        """Note a cancellation and deliver it to the running tool (once)."""
+        self.note(why)
+        run = self.tool_run
+        if run is None or self._delivered:
+            return
+        self._delivered = True
+        with contextlib.suppress(Exception):  # activity.is_cancelled() for sync tools too
+            activity._Context.current().cancelled_event.set()
+        if self.attempt.tool.is_async and not run.done():
+            run.cancel()
+
+    def note(self, why: str) -> None:
+        if self.why is None:
+            self.why = why
+            self.attempt.log.info("tool.cancel_requested", why=why)
+
+    def by_worker(self) -> None:
+        """The worker cancelled this attempt while it wrote a marker (which it finished)."""
+        self.note(worker_reason())
+
+    async def outcome(self, run: asyncio.Future[Any]) -> Any:
+        """The tool's result or error.
+
+        The worker cancels this attempt when it shuts down (the tool is told, and gets a
+        heartbeat timeout's time to answer), when the workflow cancelled the call (the tool is
+        told), or when the server no longer knows the attempt (it timed out, or its workflow
+        closed: the tool goes on, and its outcome is recorded for the next attempt to find;
+        a read-only tool is told, as on shutdown).
+        """
+        grace = self.attempt.tool.options.heartbeat_timeout.total_seconds()
+        self.tool_run = run
+        try:
+            await self._await_tool(run, grace)
+        finally:
+            self.tool_run = None
+        if not run.done():
+            raise ToolCancelled(
+                f"the tool was still running {grace:g}s after it was cancelled ({self.why})"
+            )
+        if run.cancelled():
+            raise ToolCancelled(f"the tool stopped on cancellation ({self.why})")
+        return run.result()
+
+    async def _await_tool(self, run: asyncio.Future[Any], grace: float) -> None:
+        while not run.done():
+            try:
+                await asyncio.shield(run)
+            except asyncio.CancelledError:
+                if run.done():
+                    return
+                _uncancel()
+                why = worker_reason()
+                if why == BY_SHUTDOWN or self.attempt.tool.options.read_only:
+                    self(why)  # a read-only tool has no outcome to record: it stops too
+                    await asyncio.wait({run}, timeout=grace)
+                    return
+                if why == BY_WORKFLOW:
+                    self(why)
+                else:
+                    self.attempt.log.warning("tool.attempt_stale", why=why)
+            except Exception:
+                return  # the tool's own error: the caller reads it
+
+    async def before_call(self, maybe_called: bool) -> Any:
+        """Cancelled after the markers were written, before the tool was called."""
+        a = self.attempt
+        if maybe_called:  # an earlier attempt may have called it: not ours to release
+            reason = f"cancelled ({self.why}) before an earlier attempt's call was settled"
+            await a._unknown(reason)
+            raise AmbiguousOutcome(
+                f"{a.intent.tool} {a.intent.step}: outcome unknown; not re-sent. {reason}",
+                **a._fields(reason=reason),
+            )
+        reason = f"cancelled ({self.why}) before the tool was called"
+        await a._mark("released", reason=reason)
+        await a._beat({"phase": "released", "attempt": a.info.attempt})
+        a.log.info("tool.cancelled_before_call", why=self.why)
+        raise ApplicationError(
+            reason,
+            {"error_type": "Cancelled", "attempt": a.info.attempt},
+            type=NotExecuted.code,
+            non_retryable=self.by_workflow,
+        )
+
+    async def settle(self) -> Any:
+        """The settling attempt: what do the markers say? It never calls the tool."""
+        a = self.attempt
+        async with a._keepalive(a._unchanged_details(), via_worker=False):
+            view = await a.record.read()
+        state = view.state if view is not None else None
+        mine = (
+            state is not None
+            and state.intent.args_hash == a.intent.args_hash
+            and (state.final or state.owner == a.owner)
+        )
+        if view is None or state is None or not mine or state.phase == "idle":
+            why = "its key is free" if state is None or mine else "another run holds its key"
+            raise ApplicationError(
+                f"{a.intent.tool} {a.intent.step} was cancelled before it was called; {why}",
+                {"error_type": "Cancelled", "attempt": a.info.attempt},
+                type=NotExecuted.code,
+                non_retryable=True,
+            )
+        if state.final:
+            return a._recorded(view)
+        reason = (
+            "the call was cancelled while an earlier attempt may have called the tool (it "
+            f"crashed or timed out; record phase {state.phase!r})"
+        )
+        await a._unknown(reason)
+        raise AmbiguousOutcome(
+            f"{a.intent.tool} {a.intent.step}: outcome unknown; not re-sent. {reason}",
+            **a._fields(reason=reason),
+        )

@@ -45,6 +45,7 @@ from exactcall._errors import (
     NotExecuted,
     ResultNotSerializable,
 )
+from exactcall._metrics import observed_attempt
 from exactcall._model import Intent, Owner, RecordEvent
 from exactcall._reconcile import CallAbandoned, reconcile_id
 from exactcall._settle import SETTLE_PREFIX
@@ -58,12 +59,24 @@ __all__ = ["tool_activity"]
 
 log = structlog.get_logger("exactcall")
 
+ZOMBIE_GRACE = timedelta(seconds=0.1)
+"""How long an attempt that finds "calling" markers of an earlier attempt of its own activity,
+without a result, waits for it to record one before calling the outcome unknown. Temporal
+started this attempt because that one stopped heartbeating, so it is almost always dead
+(SIGKILL, OOM; one that is alive and can reach the server keeps heartbeating); one that was
+only stalled and finishes later leaves its result on the record,
+and the call, unknown meanwhile, goes to reconciliation: never re-sent. Short, so a crash
+settles within about heartbeat_timeout + 2 s. Markers of another run (a reset or a re-run
+while the old run's attempt may still be paying) get the whole heartbeat timeout."""
+
 
 def tool_activity(t: Tool) -> Callable[[Intent], Awaitable[Any]]:
     """The Temporal activity (named like the tool) that runs ``t`` under exactcall."""
 
     async def run(intent: Intent) -> Any:
-        return await Attempt(t, intent).run()
+        attempt = Attempt(t, intent)
+        with observed_attempt(attempt):  # the call's outcome metric, and its span
+            return await attempt.run()
 
     run.__name__ = run.__qualname__ = f"exactcall_tool_{t.name}"
     run.__doc__ = f"exactcall tool activity for {t.name!r}"
@@ -72,6 +85,9 @@ def tool_activity(t: Tool) -> Callable[[Intent], Awaitable[Any]]:
 
 class Attempt:
     """One attempt of one call."""
+
+    deduplicated = False
+    """The record already had the call's result (for the outcome metric and span)."""
 
     def __init__(self, t: Tool, intent: Intent) -> None:
         info = activity.info()
@@ -163,8 +179,13 @@ class Attempt:
             await self._mark("calling")
             return await self._call(maybe_called=True)
         if view.state.phase != "unknown":  # an attempt may still be finishing: give it a moment
+            grace = self.tool.options.heartbeat_timeout
+            if view.state.owner == self.owner:
+                # an earlier attempt of this same activity: Temporal started this one because
+                # that one stopped heartbeating, so it is all but surely dead
+                grace = min(grace, ZOMBIE_GRACE)
             async with self._keepalive({"phase": "calling", "attempt": self.info.attempt}):
-                waited = await self.record.wait_done(self.tool.options.heartbeat_timeout)
+                waited = await self.record.wait_done(grace)
             if waited is not None and waited.state.final:
                 return self._recorded(waited)
         reason = (
@@ -187,6 +208,7 @@ class Attempt:
 
     def _recorded(self, view: RecordView) -> Any:
         state = view.state
+        self.deduplicated = True
         if state.phase == "abandoned":
             raise CallAbandoned(
                 f"{self.intent.tool} {self.intent.step}: its outcome was unknown and a person "
@@ -273,12 +295,15 @@ class Attempt:
                 {"error_type": type(exc).__name__, "attempt": self.info.attempt},
                 type=NotExecuted.code,
                 non_retryable=final,
+                next_retry_delay=self._backoff(),
             ) from exc
         retried = not self.cancel.by_workflow  # a cancelled call is not retried
         if opts.provider_idempotent is not False and retried and not self._final_attempt(exc):
             # the provider dedupes on the key: the next attempt re-calls with the same key
             self.log.warning("tool.error_retry_same_key", error=_describe(exc))
-            raise ApplicationError(_describe(exc), type="ToolError") from exc
+            raise ApplicationError(
+                _describe(exc), type="ToolError", next_retry_delay=self._backoff()
+            ) from exc
         reason = f"the tool raised {_describe(exc)} after it may have started its effect"
         if self.cancel.why and not isinstance(exc, ToolCancelled):
             reason = f"{reason} ({self.cancel.why})"
@@ -289,6 +314,16 @@ class Attempt:
             "means the effect did not happen.",
             **self._fields(reason=reason, error_type=type(exc).__name__),
         ) from exc
+
+    def _backoff(self) -> timedelta:
+        """The tool's own retry policy, for a definite failure: the activity's policy starts
+        retrying quickly, so that the attempt after a crash settles the call at once."""
+        p = self.tool.options.retry_policy
+        delay = p.initial_interval.total_seconds() * p.backoff_coefficient ** max(
+            0, self.info.attempt - 1
+        )
+        cap = p.maximum_interval.total_seconds() if p.maximum_interval else delay
+        return timedelta(seconds=min(delay, cap))
 
     def _final_attempt(self, exc: Exception) -> bool:
         policy = self.tool.options.retry_policy

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 import pydantic
@@ -33,6 +34,7 @@ from ._errors import (
     ToolFailed,
     error_from_failure,
 )
+from ._metrics import CALLS, count, observed_approval
 from ._model import Intent
 from ._settle import (
     OnUnknown,
@@ -49,6 +51,9 @@ from ._wfstate import Flight, cancellation_reaches_calls, state
 __all__ = ["call", "call_with", "intent_of"]
 
 MAX_KEY_LENGTH = 200
+CRASH_RETRY_INTERVAL = timedelta(milliseconds=200)
+"""Temporal's wait before the attempt that follows a crashed one (it reads the markers and
+settles the call; it does not call the tool blindly)."""
 _WAIT = ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
 _NON_RETRYABLE = [
     "AmbiguousOutcome",
@@ -120,6 +125,7 @@ async def call_with(
         flight = Flight(intent)
         st.flights[intent.key] = flight.start(_run_flight(t, intent, mode, flight))
     elif flight.intent.args_hash != intent.args_hash:
+        count(CALLS, tool=t.name, outcome="conflict")
         raise IntentConflict(
             f"step {intent.step!r} of {t.name} already ran in this workflow with args hash "
             f"{flight.intent.args_hash}; this call has {intent.args_hash}. Nothing was "
@@ -192,7 +198,7 @@ async def _run_flight(t: Tool, intent: Intent, on_unknown: OnUnknown, flight: Fl
     without calling the tool.
     """
     if needs_approval(t, intent):
-        grant = await wait_for_approval(t, intent)
+        grant = await observed_approval(t.name, wait_for_approval(t, intent))
         intent = intent.model_copy(update={"approval": grant})
     try:
         return await execute_tool_activity(t, intent, cancellation=_WAIT)
@@ -280,10 +286,12 @@ def _retry_policy(t: Tool) -> RetryPolicy:
     # crashed and timed-out attempts are always followed by one more attempt, which reads the
     # markers and settles the call; the attempt limit applies to definite failures and is
     # enforced inside the activity
+    # a definite failure's own backoff is the tool's policy, given per failure by the attempt
+    # (ApplicationError.next_retry_delay); what Temporal applies is the wait after a crash
     return RetryPolicy(
-        initial_interval=p.initial_interval,
+        initial_interval=CRASH_RETRY_INTERVAL,
         backoff_coefficient=p.backoff_coefficient,
-        maximum_interval=p.maximum_interval,
+        maximum_interval=max(p.maximum_interval or CRASH_RETRY_INTERVAL, CRASH_RETRY_INTERVAL),
         maximum_attempts=0,
         non_retryable_error_types=_NON_RETRYABLE,
     )

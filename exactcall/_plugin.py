@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 import structlog
@@ -52,6 +53,8 @@ __all__ = [
 log = structlog.get_logger("exactcall")
 
 SEARCH_ATTRIBUTES = (PENDING_ATTRIBUTE, UNRESOLVED_ATTRIBUTE)
+TEMPORAL_STICKY_TIMEOUT = timedelta(seconds=10)  # temporalio.worker.Worker's default
+STICKY_TIMEOUT = timedelta(seconds=1)
 
 # Modules passed through the workflow sandbox, and why:
 _PASSTHROUGH = (
@@ -169,6 +172,11 @@ class Plugin(SimplePlugin):
                 f"({client.data_converter.payload_converter_class.__name__}): put "
                 "exactcall.Plugin() on Client.connect(plugins=[...]) rather than on the Worker"
             )
+        if config.get("sticky_queue_schedule_to_start_timeout") == TEMPORAL_STICKY_TIMEOUT:
+            # a workflow cached by a worker that died waits this long on its sticky queue
+            # before another worker takes its next task: Temporal's 10 s would hold every
+            # crashed call that long; a value the user chose is kept
+            config["sticky_queue_schedule_to_start_timeout"] = STICKY_TIMEOUT
         return super().configure_worker(config)
 
 

@@ -21,6 +21,7 @@ from ._reconcile import (
     reconcile_id,
 )
 from ._tool import Tool
+from ._ui import call_summary, intent_details
 
 __all__ = [
     "AWAIT_SETTLED",
@@ -44,6 +45,9 @@ CANCELLED_SIGNAL = "exactcall.call_cancelled"
 CANCELLED_ERROR = "Cancelled"
 """``Settled.error_type`` of a cancelled call that did not land (its key is released)."""
 SETTLE_PREFIX = "exactcall.settle:"
+RECONCILE_TASK_TIMEOUT = timedelta(seconds=2)
+"""A reconciliation's workflow task held by a worker that died is retried after this, not
+after Temporal's 10 s default (as the call record's)."""
 
 
 async def start_reconciliation(
@@ -70,7 +74,9 @@ async def start_reconciliation(
             parent_close_policy=ParentClosePolicy.ABANDON,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             result_type=Settled,
-            static_summary=f"reconcile {intent.tool} {intent.step} of {intent.workflow_id}",
+            task_timeout=RECONCILE_TASK_TIMEOUT,
+            static_summary=call_summary(intent, "reconcile "),
+            static_details=intent_details(intent, "Reconciliation", [f"- **why** {inp.reason}"]),
             memo={CANCELLED_MEMO: True} if cancelled else None,
         )
     except WorkflowAlreadyStartedError:  # an earlier run of this workflow started it

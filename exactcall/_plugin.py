@@ -36,7 +36,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 from exactcall.activities import await_settled, probe_activity, tool_activity
 from exactcall.workflows import CallRecord, Reconcile
 
-from ._approval import PENDING_ATTRIBUTE, ed25519_verifier
+from ._approval import PENDING_ATTRIBUTE, ed25519_verifier, unsigned_identity_warnings
 from ._errors import ExactcallError
 from ._reconcile import UNRESOLVED_ATTRIBUTE
 from ._tool import Tool, registered_tools
@@ -145,6 +145,10 @@ class Plugin(SimplePlugin):
         client = self._worker_client
         if client is not None and self.workflow_config.search_attributes:
             await ensure_search_attributes(client)
+        if client is not None:
+            signed = self.workflow_config.verifier is not None
+            for warning in unsigned_identity_warnings(self.tools, signed):
+                log.warning("approvals.unsigned_identities", warning=warning)
         if self._mcp is None:
             yield
             return

@@ -335,3 +335,14 @@ async def test_with_signing_one_person_cannot_give_two_approvals_of_two_of_n(
     assert records[2].outcome == "signature does not verify with bob's key"
     assert out[0]["ok"]["to"] == who
     assert bank.count(to=who) == 1
+
+
+async def test_a_worker_warns_when_approver_names_are_not_verified(
+    worker_process: Callable[..., Any], tq: str
+) -> None:
+    wp = await worker_process(tq).started()
+    await asyncio.sleep(0.5)  # the warning is logged right after the start line
+    warned = [line for line in wp.log if "approvals.unsigned_identities" in line]
+    assert len(warned) == 1, wp.tail  # wire: approvers=, min_approvals=2, not the requester
+    assert "tool wire: approvers=, min_approvals=2, requester_may_approve=False" in warned[0]
+    assert "approver_keys" in warned[0]

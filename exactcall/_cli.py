@@ -73,6 +73,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--namespace", action="append", default=[], help="extra namespace")
     s.add_argument("--ip", default="127.0.0.1")
 
+    from . import _cli_telemetry
+
     w = sub.add_parser("worker", help="run a worker for your workflows and tools")
     w.add_argument("--task-queue", required=True)
     w.add_argument(
@@ -135,6 +137,7 @@ def _parser() -> argparse.ArgumentParser:
         help="concurrent workflow-task polls (raise it when many calls wait at once)",
     )
     w.add_argument("--max-concurrent-activities", type=int, default=None)
+    _cli_telemetry.add_args(w)
     _connection_args(w)
 
     from . import _cli_approvals, _cli_reconcile
@@ -414,6 +417,7 @@ def _mcp_servers(options: list[str], trusted: list[str]) -> dict[str, object] | 
 
 
 async def _worker(ns: argparse.Namespace) -> int:
+    from . import _cli_telemetry
     from ._plugin import Plugin
     from ._worker import (
         build_worker,
@@ -442,8 +446,13 @@ async def _worker(ns: argparse.Namespace) -> int:
     except (ValueError, ImportError) as exc:
         print(f"exactcall worker: {exc}", file=sys.stderr)
         return 2
+    try:
+        telemetry = _cli_telemetry.client_kwargs(ns)
+    except (ValueError, ImportError) as exc:
+        print(f"exactcall worker: {exc}", file=sys.stderr)
+        return 2
     plugin = Plugin(tools=tools, mcp_servers=mcp_servers)
-    client = await connect(_connection(ns), plugin, others)
+    client = await connect(_connection(ns), plugin, others, **telemetry)
     sticky = timedelta(seconds=ns.sticky_timeout) if ns.sticky_timeout else None
     tuning = {
         "max_cached_workflows": ns.max_cached_workflows,
@@ -458,5 +467,6 @@ async def _worker(ns: argparse.Namespace) -> int:
         sticky_timeout=sticky,
         **{k: v for k, v in tuning.items() if v is not None},
     )
-    await run_worker(worker)
+    async with _cli_telemetry.backlog_reporting(ns, client):
+        await run_worker(worker)
     return 0

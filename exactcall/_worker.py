@@ -72,11 +72,15 @@ class Connection:
 
 
 async def connect(
-    conn: Connection | None = None, plugin: Plugin | None = None, others: Sequence[Any] = ()
+    conn: Connection | None = None,
+    plugin: Plugin | None = None,
+    others: Sequence[Any] = (),
+    **client_kwargs: Any,
 ) -> Client:
     """A Client with exactcall's plugin (data converter, interceptors, tools) installed, then
-    ``others`` (an agent framework's Temporal plugin, for example)."""
-    kw = (conn or Connection()).connect_kwargs()
+    ``others`` (an agent framework's Temporal plugin, for example). ``client_kwargs`` go to
+    ``Client.connect`` (``runtime=`` for metrics, ``interceptors=`` for tracing)."""
+    kw = {**(conn or Connection()).connect_kwargs(), **client_kwargs}
     target = kw.pop("target_host")
     return await Client.connect(target, plugins=[plugin or Plugin(), *others], **kw)
 

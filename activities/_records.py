@@ -14,6 +14,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from exactcall._model import Intent, Owner, RecordEvent, RecordInit, RecordState
+from exactcall._ui import call_summary, intent_details
 
 __all__ = ["RECORD_START_DELAY", "Record", "RecordView"]
 
@@ -58,7 +59,8 @@ class Record:
                     "workflow_id": intent.workflow_id,
                     "args_hash": intent.args_hash,
                 },
-                static_summary=f"{intent.tool} {intent.step} of {intent.workflow_id}",
+                static_summary=call_summary(intent),
+                static_details=intent_details(intent, "Call record"),
                 # the record runs no code while its call is settling: markers are signals and
                 # readers fold its history, so no worker time is spent per call and no task is
                 # ever in flight (signals reaching a workflow with a task in flight are

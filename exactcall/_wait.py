@@ -16,9 +16,10 @@ from ._approval import (
 from ._errors import ExactcallError
 from ._model import Intent
 from ._tool import Tool
-from ._wfstate import state
+from ._ui import PENDING_MARK, pending_details, with_pending
+from ._wfstate import WorkflowState, state
 
-__all__ = ["needs_approval", "wait_for_approval"]
+__all__ = ["needs_approval", "show_pending", "wait_for_approval"]
 
 
 def needs_approval(t: Tool, intent: Intent) -> bool:
@@ -53,6 +54,7 @@ async def wait_for_approval(t: Tool, intent: Intent) -> ApprovalGrant:
     )
     st.book.request(req, t.options.approvers, t.options.requester_may_approve, now)
     st.publish_pending()
+    show_pending(st)
     workflow.logger.info(
         "exactcall approval.requested: %s %s hash=%s expires=%s",
         t.name,
@@ -73,10 +75,23 @@ async def wait_for_approval(t: Tool, intent: Intent) -> ApprovalGrant:
         # leaves the listing, and a later decision is rejected as not pending
         st.book.cancel(intent.step, workflow.now())
         st.publish_pending()
+        show_pending(st)
         workflow.logger.info("exactcall approval.cancelled: %s %s", t.name, intent.step)
         raise
     st.publish_pending()
+    show_pending(st)
     return _outcome(t, intent, req)
+
+
+def show_pending(st: WorkflowState) -> None:
+    """Mirror the pending calls into the workflow's current details (the Temporal UI shows
+    them on the workflow's page): exact arguments, hash, expiry, the approve/deny commands.
+
+    Not a command: it changes no history. The workflow's own details are kept."""
+    section = pending_details(st.book.pending(), workflow.info().namespace)
+    current = workflow.get_current_details()
+    if section or PENDING_MARK in current:
+        workflow.set_current_details(with_pending(current, section))
 
 
 def _outcome(t: Tool, intent: Intent, req: ApprovalRequest) -> ApprovalGrant:

@@ -18,6 +18,7 @@ from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError
 
 from exactcall._errors import AmbiguousOutcome, ToolFailed
+from exactcall._metrics import reconciliation_parked, reconciliation_verdict
 from exactcall._model import Owner, RecordEvent
 from exactcall._reconcile import (
     RECONCILE_WORKFLOW,
@@ -34,6 +35,7 @@ from exactcall._reconcile import (
     Verdict,
 )
 from exactcall._settle import CANCELLED_ERROR, CANCELLED_MEMO, CANCELLED_SIGNAL
+from exactcall._ui import parked_details
 
 from ._record import MARK_SIGNAL, record_id
 
@@ -59,6 +61,7 @@ class Reconcile:
         self._parked = False
         self._settled: Settled | None = None
         self._call_cancelled = False
+        self._input: ReconcileInput | None = None
 
     @workflow.run
     async def run(self, inp: ReconcileInput) -> Settled:
@@ -67,12 +70,14 @@ class Reconcile:
 
         tool = get_tool(inp.intent.tool)
         self._reason = inp.reason
+        self._input = inp
         if workflow.memo_value(CANCELLED_MEMO, False, type_hint=bool):
             self._call_cancelled = True
         probe_reruns = 0
         reruns = 0
         while True:
             verdict, by, why = await self._verdict(inp, probe_reruns < MAX_PROBE_RERUNS)
+            reconciliation_verdict(inp.intent.tool, verdict, by)
             if verdict == "landed":
                 return await self._finish(
                     inp,
@@ -159,6 +164,7 @@ class Reconcile:
         self._phase = "parked"
         self._note(f"parked: {self._reason}")
         self._publish(inp, parked=True)
+        reconciliation_parked(inp.intent.tool, inp.has_probe)
         await workflow.wait_condition(lambda: self._waiting is not None)
         res, self._waiting = self._waiting, None
         assert res is not None
@@ -186,6 +192,7 @@ class Reconcile:
         if not self._call_cancelled:
             self._call_cancelled = True
             self._note("the call was cancelled by its workflow: it will not be run again")
+            self._show()
 
     async def _release_cancelled(self, inp: ReconcileInput, by: str) -> Settled:
         reason = f"not landed (decided by {by}); the call was cancelled, so it is not run again"
@@ -233,6 +240,7 @@ class Reconcile:
         )
 
     def _publish(self, inp: ReconcileInput, parked: bool) -> None:
+        self._parked = parked
         i = inp.intent
         row = UnresolvedCall(
             workflow_id=i.workflow_id,
@@ -250,6 +258,19 @@ class Reconcile:
 
         if current_config().search_attributes:
             workflow.upsert_search_attributes([UNRESOLVED_KEY.value_set(parked)])
+        self._show()
+
+    def _show(self) -> None:
+        """While parked, the current details (the Temporal UI's workflow page) say why and
+        give the ``exactcall resolve`` commands; cleared once a person decided."""
+        inp = self._input
+        if inp is None or (not self._parked and not workflow.get_current_details()):
+            return
+        workflow.set_current_details(
+            parked_details(inp.intent, self._reason, inp.since, self._call_cancelled)
+            if self._parked
+            else ""
+        )
 
     def _note(self, line: str) -> None:
         self._history.append(f"{workflow.now().isoformat()} {line}")

@@ -215,7 +215,8 @@ class ApprovalBook:
 
     def grant(self, step: str) -> ApprovalGrant:
         o = self.open[step]
-        assert o.state == "approved" and o.decided_at is not None
+        if o.state != "approved" or o.decided_at is None:  # a caller's bug: fail the workflow
+            raise ApprovalMissing(f"step {step!r} is {o.state}, not approved: no grant", step=step)
         return ApprovalGrant(
             args_hash=o.request.args_hash,
             approved_by=o.request.approved_by,

@@ -15,7 +15,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, ApplicationError
 
 from exactcall._errors import AmbiguousOutcome, ToolFailed
 from exactcall._metrics import reconciliation_parked, reconciliation_verdict
@@ -167,7 +167,10 @@ class Reconcile:
         reconciliation_parked(inp.intent.tool, inp.has_probe)
         await workflow.wait_condition(lambda: self._waiting is not None)
         res, self._waiting = self._waiting, None
-        assert res is not None
+        if res is None:  # cannot happen: the condition above; fail the workflow, not its task
+            raise ApplicationError(
+                "exactcall.Reconcile: woke without a resolution", non_retryable=True
+            )
         self._publish(inp, parked=False)
         self._note(f"{res.by}: {res.verdict}" + (f" ({res.reason})" if res.reason else ""))
         if res.verdict == "landed":

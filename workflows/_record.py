@@ -9,6 +9,7 @@ unknown it stays open, so it is listed until someone settles it.
 from __future__ import annotations
 
 from temporalio import workflow
+from temporalio.exceptions import ApplicationError
 
 from exactcall._model import RecordEvent, RecordInit, RecordState
 
@@ -40,7 +41,10 @@ class CallRecord:
         self._state = state
         self._pending.clear()
         await workflow.wait_condition(lambda: self._state is not None and self._state.final)
-        assert self._state is not None
+        if self._state is None:  # cannot happen (the condition above): fail the workflow
+            raise ApplicationError(
+                "exactcall.CallRecord: finished without a state", non_retryable=True
+            )
         return self._state
 
     @workflow.signal(name=MARK_SIGNAL)

@@ -113,9 +113,9 @@ async def call_with(
         raise InvalidCall(f"on_unknown={mode!r}: use 'wait' or 'raise'", tool=t.name)
     intent = intent_of(t, args, kwargs or {}, key)
     st = state()
-    if t.options.read_only:  # never shared; cancelled like a plain activity (not awaited)
+    if t.options.read_only:  # cancelled like a plain activity (not awaited)
         try:
-            return _typed(t, await execute_tool_activity(t, intent))
+            return _typed(t, await _read(t, intent))
         except _Interrupted as err:
             if cancellation_reaches_calls():
                 raise asyncio.CancelledError(err.message) from None
@@ -137,6 +137,36 @@ async def call_with(
             recorded_hash=flight.intent.args_hash,
         )
     return _typed(t, await _join(flight))
+
+
+async def _read(t: Tool, intent: Intent) -> Any:
+    """A read-only call. Reads are not shared, except concurrent ones with one explicit key:
+    their activity id comes from the key, so they are one activity (same arguments) or an
+    IntentConflict (other arguments), never two activities with one id."""
+    if not intent.explicit_key:
+        return await execute_tool_activity(t, intent)
+    reads = state().reads
+    running = reads.get(intent.key)
+    if running is not None and not running[1].done():
+        if running[0] != intent.args_hash:
+            raise IntentConflict(
+                f"step {intent.step!r} of {t.name} is being read in this workflow with args "
+                f"hash {running[0]}; this call has {intent.args_hash}. Nothing was executed. "
+                "Use another key= for a different call.",
+                tool=t.name,
+                step=intent.step,
+                key=intent.key,
+                args_hash=intent.args_hash,
+                recorded_hash=running[0],
+            )
+        return await asyncio.shield(running[1])
+    task = asyncio.ensure_future(execute_tool_activity(t, intent))
+    reads[intent.key] = (intent.args_hash, task)
+    try:
+        return await task
+    finally:
+        if reads.get(intent.key, (None, None))[1] is task:
+            del reads[intent.key]
 
 
 async def _join(flight: Flight) -> Any:

@@ -103,6 +103,9 @@ class WorkflowState:
     book: ApprovalBook
     ordinals: dict[str, int] = field(default_factory=dict)
     flights: dict[str, Flight] = field(default_factory=dict)
+    reads: dict[str, tuple[str, asyncio.Future[Any]]] = field(default_factory=dict)
+    """Read-only calls in flight by key: (args hash, the activity), so concurrent reads with
+    one explicit key are one activity (its id is derived from the key)."""
     published: bool = False
 
     def next_step(self, tool: str) -> str:

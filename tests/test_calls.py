@@ -105,6 +105,31 @@ async def test_same_key_in_one_workflow_runs_once_or_conflicts(
     assert bank.count(to="mallory") == 0
 
 
+async def test_concurrent_reads_with_one_key_are_one_activity_or_a_conflict(
+    client: Client, worker: Worker, tq: str, bank: Bank, who: str
+) -> None:
+    handle, out = await run_plan(
+        client,
+        tq,
+        *[step("balance", bank.url, who, key="b") for _ in range(3)],
+        step("balance", bank.url, "someone-else", key="b"),
+        concurrent=True,
+    )
+    assert [o.get("ok") for o in out[:3]] == [0, 0, 0], out
+    assert out[3]["error"] == "IntentConflict", out
+    scheduled = [
+        ev
+        async for ev in handle.fetch_history_events()
+        if ev.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    ]
+    assert len(scheduled) == 1  # one read, not three activities with one id
+    # the same key read again later is a new read (reads are never recorded)
+    _, again = await run_plan(
+        client, tq, step("balance", bank.url, who, key="b"), step("balance", bank.url, who, key="b")
+    )
+    assert [o.get("ok") for o in again] == [0, 0]
+
+
 async def test_tool_sees_its_key_and_a_key_parameter_stays_callable(
     client: Client, worker: Worker, tq: str, bank: Bank, who: str
 ) -> None:

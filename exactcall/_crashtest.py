@@ -26,8 +26,8 @@ from temporalio.client import Client
 
 from . import approvals, reconciliation
 from ._crash import EXECUTIONS_ENV
+from ._procs import WorkerProcess
 from ._tool import Tool
-from .testing import WorkerProcess
 
 __all__ = ["Boundary", "Outcome", "boundaries_for", "run_crashtest"]
 

@@ -106,3 +106,21 @@ async def test_worker_tuning_flags_start_a_worker(server: object) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)  # graceful shutdown
         assert await asyncio.wait_for(proc.wait(), 30) == 0
+
+
+def test_the_demo_quickstart_and_crashtest_need_no_test_framework() -> None:
+    import subprocess
+
+    probe = (
+        "import sys\n"
+        "class Hide:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('pytest', '_pytest', 'pytest_asyncio'):\n"
+        "            raise ModuleNotFoundError(name)\n"
+        "sys.meta_path.insert(0, Hide())\n"
+        "import exactcall.demo.run, exactcall.quickstart.run, exactcall._crashtest\n"
+        "from exactcall._cli import _parser\n"
+        "_parser()\n"
+    )
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 0, run.stderr

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import getpass
 import uuid
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import TypeAdapter
+from temporalio.api.workflow.v1 import WorkflowExecutionInfo
+from temporalio.api.workflowservice.v1 import (
+    ListWorkflowExecutionsRequest,
+    ListWorkflowExecutionsResponse,
+)
 from temporalio.client import Client
+from temporalio.converter import WorkflowSerializationContext
 
 from exactcall._approval import (
     DECIDE_SIGNAL,
@@ -36,6 +45,11 @@ __all__ = [
     "preapprove",
     "view",
 ]
+
+PAGE_SIZE = 1000
+"""Workflows per visibility page (the most a Temporal server returns by default)."""
+
+_REQUESTS = TypeAdapter(list[ApprovalRequest])
 
 
 @dataclass(frozen=True)
@@ -75,14 +89,68 @@ async def pending(client: Client, workflow_id: str, step: str | None = None) -> 
     return reqs[0]
 
 
-async def list_pending(client: Client, limit: int | None = None) -> list[ApprovalRequest]:
-    """Every pending call across workflows (visibility + memo; no worker needed)."""
+async def list_pending(
+    client: Client, limit: int | None = None, *, page_size: int = PAGE_SIZE
+) -> list[ApprovalRequest]:
+    """Every pending call across workflows (visibility + memo; no worker needed).
+
+    ``limit`` caps the number of workflows read. Pages of ``page_size`` workflows are read
+    one ahead: the server prepares the next page while this one is decoded."""
     out: list[ApprovalRequest] = []
     query = f"{PENDING_ATTRIBUTE} = true AND ExecutionStatus = 'Running'"
-    async for wf in client.list_workflows(query, limit=limit):
-        memo = await wf.memo()
-        out += [ApprovalRequest.model_validate(p) for p in memo.get(PENDING_MEMO) or []]
+    async for page in _pages(client, query, limit, page_size):
+        for info in page:
+            out += await _requests(client, info)
     return out
+
+
+async def _pages(
+    client: Client, query: str, limit: int | None, page_size: int
+) -> AsyncIterator[Sequence[WorkflowExecutionInfo]]:
+    """The visibility pages of ``query``, the next one requested before this one is used."""
+    if page_size < 1:
+        raise ValueError(f"page_size must be at least 1, not {page_size}")
+
+    async def fetch(token: bytes, size: int) -> ListWorkflowExecutionsResponse:
+        req = ListWorkflowExecutionsRequest(
+            namespace=client.namespace, query=query, page_size=size, next_page_token=token
+        )
+        return await client.workflow_service.list_workflow_executions(req, retry=True)
+
+    left = limit
+    nxt = asyncio.ensure_future(fetch(b"", min(page_size, left or page_size)))
+    try:
+        while True:
+            resp = await nxt
+            rows = resp.executions if left is None else resp.executions[:left]
+            if left is not None:
+                left -= len(rows)
+            more = bool(resp.next_page_token) and (left is None or left > 0)
+            if more:
+                size = page_size if left is None else min(page_size, left)
+                nxt = asyncio.ensure_future(fetch(resp.next_page_token, size))
+            yield rows
+            if not more:
+                return
+    finally:
+        nxt.cancel()
+
+
+async def _requests(client: Client, info: WorkflowExecutionInfo) -> list[ApprovalRequest]:
+    """The pending requests in one workflow's memo. JSON memos (exactcall's converter with no
+    codec or external storage) are validated straight from their bytes."""
+    payload = info.memo.fields.get(PENDING_MEMO)
+    if payload is None:
+        return []
+    dc = client.data_converter
+    plain = dc.payload_codec is None and getattr(dc, "external_storage", None) is None
+    if plain and payload.metadata.get("encoding") == b"json/plain":
+        return [] if payload.data.strip() == b"null" else _REQUESTS.validate_json(payload.data)
+    context = WorkflowSerializationContext(
+        namespace=client.namespace, workflow_id=info.execution.workflow_id
+    )
+    value = (await dc.with_context(context).decode([payload]))[0]
+    return _REQUESTS.validate_python(value or [])
 
 
 def load_signing_key(path: str | Path) -> Any:

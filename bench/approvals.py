@@ -2,6 +2,8 @@
 
     python bench/approvals.py                        # embedded dev server with FAST_CONFIG
     python bench/approvals.py --n 20 --pending 200   # smoke run
+    python bench/approvals.py --skip-latency --pending 10000 --workflow-task-pollers 20 \
+        --max-cached-workflows 12000                 # many pending calls (README)
     python bench/approvals.py --address host:7233    # an existing server
 
 a. Latency: ``--n`` workflows, each with one ``@exactcall.tool(approval=True)`` call, served by
@@ -11,10 +13,13 @@ a. Latency: ``--n`` workflows, each with one ``@exactcall.tool(approval=True)`` 
    ``exactcall.approvals.approve(...)`` round trip (signal, then the confirming query) are
    measured on alternate workflows (ABBA order).
 b. Scale: ``--pending`` workflows waiting for approval at once on ONE worker, run as a
-   subprocess (``python -m exactcall worker``) so its memory can be read from /proc: time until
-   ``approvals.list_pending`` sees them all, the worker's RSS before and after, the cost of
-   listing them (in-process and with the ``exactcall approvals list --json`` CLI); then all
-   are denied by signal and the bench waits until every workflow has closed.
+   subprocess so its memory can be read from /proc, first with a bare Temporal workflow that
+   waits on a signal (``bench/_bare_pending.py``), then with exactcall (``python -m exactcall
+   worker``): time until all are listed, the worker's RSS, the cost of listing them (and of
+   ``exactcall approvals list --json``), the latency of one decision on a call started first
+   and on one started last (with a cache smaller than N, the first were evicted: a replay),
+   then every other call approved or denied and every workflow closed, results checked.
+   See bench/_pending.py.
 
 Figures are printed and written as JSON; nothing is asserted on time. See bench/README.md.
 """
@@ -28,15 +33,14 @@ import os
 import platform
 import signal
 import statistics
-import subprocess
 import sys
 import time
 import traceback
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -45,19 +49,16 @@ for p in (str(HERE), str(ROOT)):  # bench helpers; bench._approval_workflows (as
         sys.path.insert(0, p)
 
 from _guard import watch  # noqa: E402
-from overhead import (  # noqa: E402
-    fmt_load,
-    log,
-    pct,
-    server_cpu_s,
-    setup_logging,
-    temporal_version,
-)
+from _pending import many_pending, poll, print_table  # noqa: E402
+from overhead import fmt_load, log, pct, setup_logging, temporal_version  # noqa: E402
 
-T = TypeVar("T")
-WORKFLOWS_MODULE = "bench._approval_workflows"
 MODES = ("signal", "approve()")
 BY = "bench"
+# Dynamic config for many pending calls, added to the embedded server's (see README): the dev
+# server re-reads search-attribute metadata from persistence on every read, which costs ~0.1 ms
+# of server CPU per listed workflow and, under load, "System Persistence Max QPS Reached"
+# errors that the client retries after ~1 s. Its search attributes are registered at start.
+MANY_PENDING_CONFIG = ("system.forceSearchAttributesCacheRefreshOnRead=false",)
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -72,54 +73,10 @@ def stats_ms(values: Sequence[float]) -> dict[str, float]:
     }
 
 
-def proc_status(pid: int) -> dict[str, int]:
-    """VmHWM (peak RSS) and VmRSS of a process, in KiB, plus its CPU time in ms."""
-    out: dict[str, int] = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmHWM", "VmRSS"):
-            out[key] = int(value.split()[0])
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    out["cpu_ms"] = (int(fields[11]) + int(fields[12])) * 1000 // os.sysconf("SC_CLK_TCK")
-    return out
-
-
-async def poll(
-    fn: Callable[[], Awaitable[T]], ok: Callable[[T], bool], timeout: float, every: float
-) -> tuple[T, int]:
-    """Call ``fn`` until ``ok(value)``; the value and how many calls it took. Errors (a query
-    before the worker has the workflow) count as not yet; a stuck run fails after timeout."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    calls = 0
-    while True:
-        calls += 1
-        try:
-            value = await fn()
-            if ok(value):
-                return value, calls
-        except Exception:
-            if loop.time() > deadline:
-                raise
-        if loop.time() > deadline:
-            raise TimeoutError(f"condition not met in {timeout:g}s")
-        await asyncio.sleep(every)
-
-
-async def bounded(n: int, limit: int, fn: Callable[[int], Awaitable[T]]) -> list[T]:
-    """``fn(0..n-1)`` with at most ``limit`` in flight."""
-    sem = asyncio.Semaphore(limit)
-
-    async def one(i: int) -> T:
-        async with sem:
-            return await fn(i)
-
-    return await asyncio.gather(*(one(i) for i in range(n)))
-
-
 # -- a. approve -> tool start --------------------------------------------------------------
 async def approve_latency(client: Any, tq: str, args: argparse.Namespace) -> dict[str, Any]:
-    from bench._approval_workflows import STARTED, ApprovedCall
+    from bench._approval_tools import STARTED
+    from bench._approval_workflows import ApprovedCall
     from exactcall import approvals
 
     run = uuid.uuid4().hex[:8]
@@ -222,294 +179,39 @@ def print_latency(rows: list[tuple[str, str, dict]], n: int) -> None:
         log(f"{label:<{width}}  {s['p50']:7.1f}  {s['p95']:7.1f}  {s['mean']:7.1f}")
 
 
-# -- b. many pending calls on one worker ---------------------------------------------------
-def worker_command(address: str, namespace: str, tq: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "exactcall",
-        "--log-level",
-        "WARNING",
-        "worker",
-        "--address",
-        address,
-        "--namespace",
-        namespace,
-        "--task-queue",
-        tq,
-        "--tools",
-        WORKFLOWS_MODULE,
-        "--workflows",
-        WORKFLOWS_MODULE,
-    ]
-
-
-def spawn(cmd: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
-    """The worker, in its own session (SIGINT at the terminal reaches the bench only)."""
-    with log_path.open("w") as out:
-        return subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-
-def run_cli(argv: list[str]) -> tuple[float, subprocess.CompletedProcess[str]]:
-    t0 = time.perf_counter()
-    out = subprocess.run(
-        [sys.executable, "-m", "exactcall", *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    return time.perf_counter() - t0, out
-
-
-async def many_pending(
-    client: Any, address: str, args: argparse.Namespace, worker_log: Path, server_pid: int | None
-) -> dict[str, Any]:
-    from bench._approval_workflows import ApprovedCall
-    from exactcall import approvals
-
-    run = uuid.uuid4().hex[:8]
-    tq = f"bench-pending-{run}"
-    prefix = f"bench-pending-{run}-"
-    count = args.pending
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    cmd = worker_command(address, args.namespace, tq)
-    out: dict[str, Any] = {"worker_command": cmd, "pending": count}
-    log(f"b. worker subprocess: {' '.join(cmd[1:])}")
-    proc = spawn(cmd, env, worker_log)
-    watch(proc.pid, b"exactcall")
-    try:
-
-        async def start(i: int, wid_prefix: str = prefix) -> Any:
-            return await client.start_workflow(
-                ApprovedCall.run, i, id=f"{wid_prefix}{i}", task_queue=tq
-            )
-
-        async def deny(req: Any) -> None:
-            d = approvals.Decision(
-                decision="deny", args_hash=req.args_hash, step=req.step, by=BY, reason="bench"
-            )
-            await client.get_workflow_handle(req.workflow_id).signal(approvals.DECIDE_SIGNAL, d)
-
-        # warm-up (the worker imports, registers, fills its caches): a few calls, then denied
-        warm_prefix = f"{prefix}warm-"
-        warm = [await start(i, warm_prefix) for i in range(args.warmup)]
-        t0 = time.perf_counter()
-        for h in warm:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the worker exited ({proc.returncode}): see {worker_log}")
-            view, _ = await poll(
-                lambda h=h: approvals.view(client, h.id), lambda v: bool(v.pending), 60, 0.05
-            )
-            await deny(view.pending[0])
-        await asyncio.gather(*(asyncio.wait_for(h.result(), 60) for h in warm))
-        out["worker_ready_s"] = time.perf_counter() - t0
-        await asyncio.sleep(1.0)
-        before = proc_status(proc.pid)
-        out["worker_before"] = before
-        log(
-            f"b. worker up (pid {proc.pid}): VmRSS {before['VmRSS'] / 1024:.1f} MiB, "
-            f"VmHWM {before['VmHWM'] / 1024:.1f} MiB; starting {count} workflows"
-        )
-
-        t0, server0 = time.perf_counter(), server_cpu_s(server_pid)
-        handles = await bounded(count, args.concurrency, start)
-        t_started, wall_started = time.perf_counter(), time.time()
-        out["start_all_s"] = t_started - t0
-
-        def mine(workflow_id: str) -> bool:
-            return workflow_id.startswith(prefix) and not workflow_id.startswith(warm_prefix)
-
-        def ours(reqs: list[Any]) -> list[Any]:
-            return [r for r in reqs if mine(r.workflow_id)]
-
-        # a cheap count every 0.1 s (listing 1000 calls every 0.1 s would load the very server
-        # and CPUs being measured), then list_pending until it returns them all
-        query = (
-            f"{approvals.PENDING_ATTRIBUTE} = true AND ExecutionStatus = 'Running' "
-            f"AND TaskQueue = '{tq}'"
-        )
-        _, counts = await poll(
-            lambda: client.count_workflows(query), lambda c: c.count >= count, 300, 0.1
-        )
-        listed, polls = await poll(
-            lambda: approvals.list_pending(client), lambda r: len(ours(r)) >= count, 300, 0.1
-        )
-        t_listed, wall_listed = time.perf_counter(), time.time()
-        out["count_polls"] = counts
-        out["listed_after_last_start_s"] = t_listed - t_started
-        out["listed_after_first_start_s"] = t_listed - t0
-        out["list_polls"] = polls
-        # where the wait went: the worker's first workflow task of each call (requested_at is
-        # that task's workflow.now(), server clock, same host), then visibility
-        last_request = max(r.requested_at for r in ours(listed)).timestamp()
-        out["last_start_to_last_request_s"] = last_request - wall_started
-        out["last_request_to_listed_s"] = wall_listed - last_request
-        after = proc_status(proc.pid)
-        server1 = server_cpu_s(server_pid)
-        busy = t_listed - t0  # CPU used from the first start until all are listed, in cores
-        out["worker_cores_busy"] = (after["cpu_ms"] - before["cpu_ms"]) / 1000 / busy
-        if server0 is not None and server1 is not None:
-            out["server_cores_busy"] = (server1 - server0) / busy
-        await asyncio.sleep(2.0)
-        settled = proc_status(proc.pid)
-        out["worker_after"] = after
-        out["worker_after_2s"] = settled
-        log(f"b. all {count} listed {out['listed_after_last_start_s']:.2f}s after the last start")
-
-        log("b. listing: approvals.list_pending in-process and the CLI, 3 rounds")
-        list_argv = ["approvals", "list", "--json", "--address", address]
-        list_argv += ["--namespace", args.namespace]
-        in_process: list[float] = []
-        cli: list[float] = []
-        startup: list[float] = []
-        for _ in range(3):  # interleaved, so drift and background load hit all three alike
-            t = time.perf_counter()
-            reqs = await approvals.list_pending(client)
-            in_process.append(time.perf_counter() - t)
-            out["list_pending_count"] = len(ours(reqs))
-            dt, res = await asyncio.to_thread(run_cli, list_argv)
-            if res.returncode != 0:
-                raise RuntimeError(f"exactcall approvals list failed: {res.stderr[-2000:]}")
-            cli.append(dt)
-            rows = json.loads(res.stdout)
-            out["cli_count"] = sum(mine(r["workflow_id"]) for r in rows)
-            out["cli_json_bytes"] = len(res.stdout)
-            # the same command without the RPCs: interpreter start-up, imports, argparse
-            dt, _ = await asyncio.to_thread(run_cli, ["approvals", "list", "--help"])
-            startup.append(dt)
-        out["list_pending_s"] = in_process
-        out["cli_list_s"] = cli
-        out["cli_startup_s"] = startup
-
-        log(f"b. denying all {count} by signal, then waiting for every workflow to close")
-        t0 = time.perf_counter()
-        to_deny = ours(listed)
-        await bounded(len(to_deny), args.concurrency, lambda i: deny(to_deny[i]))
-        out["deny_all_s"] = time.perf_counter() - t0
-        results = await asyncio.wait_for(
-            asyncio.gather(*(h.result() for h in handles)), max(120, count / 5)
-        )
-        out["closed_all_s"] = time.perf_counter() - t0
-        out["denied_results"] = sum(r == {"denied": True} for r in results)
-        await asyncio.sleep(2.0)
-        out["worker_closed"] = proc_status(proc.pid)
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)  # graceful: run_worker stops on SIGTERM
-            try:
-                await asyncio.to_thread(proc.wait, 20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                await asyncio.to_thread(proc.wait)
-        out["worker_exit_code"] = proc.returncode
-    return out
-
-
-def pending_rows(b: dict[str, Any]) -> list[tuple[str, str, str]]:
-    n = b["pending"]
-    before, after = b["worker_before"], b["worker_after"]
-    mib = 1024.0
-    med = statistics.median
-    return [
-        (
-            f"start {n} workflows ({b.get('concurrency', '')} at a time)",
-            f"{b['start_all_s']:.2f}",
-            "s",
-        ),
-        (
-            f"last start -> list_pending returns all {n}",
-            f"{b['listed_after_last_start_s']:.2f}",
-            "s",
-        ),
-        (
-            f"first start -> list_pending returns all {n}",
-            f"{b['listed_after_first_start_s']:.2f}",
-            "s",
-        ),
-        (
-            "  last start -> last call requested (its first wf task)",
-            f"{b['last_start_to_last_request_s']:.2f}",
-            "s",
-        ),
-        (
-            "  last call requested -> listed (visibility + poll)",
-            f"{b['last_request_to_listed_s']:.2f}",
-            "s",
-        ),
-        ("  list_pending calls until then", f"{b['list_polls']}", ""),
-        ("worker VmHWM (peak RSS) before", f"{before['VmHWM'] / mib:.1f}", "MiB"),
-        (f"worker VmHWM with {n} pending", f"{after['VmHWM'] / mib:.1f}", "MiB"),
-        ("worker VmRSS before", f"{before['VmRSS'] / mib:.1f}", "MiB"),
-        (f"worker VmRSS with {n} pending", f"{after['VmRSS'] / mib:.1f}", "MiB"),
-        (
-            "  per pending call, VmHWM delta / n",
-            f"{(after['VmHWM'] - before['VmHWM']) / n:.1f}",
-            "KiB",
-        ),
-        (
-            "  per pending call, VmRSS delta / n",
-            f"{(after['VmRSS'] - before['VmRSS']) / n:.1f}",
-            "KiB",
-        ),
-        (
-            "  worker CPU per call to reach pending",
-            f"{(after['cpu_ms'] - before['cpu_ms']) / n:.2f}",
-            "ms",
-        ),
-        ("  worker CPU, first start -> all listed", f"{b['worker_cores_busy']:.2f}", "cores"),
-        (
-            "  dev server CPU, first start -> all listed",
-            f"{b['server_cores_busy']:.2f}" if "server_cores_busy" in b else "-",
-            "cores",
-        ),
-        (
-            f"approvals.list_pending, {b['list_pending_count']} (median of 3)",
-            f"{med(b['list_pending_s']):.3f}",
-            "s",
-        ),
-        (
-            f"exactcall approvals list --json, {b['cli_count']} (median of 3)",
-            f"{med(b['cli_list_s']):.3f}",
-            "s",
-        ),
-        ("  CLI start-up alone (approvals list --help)", f"{med(b['cli_startup_s']):.3f}", "s"),
-        (
-            f"deny {n} by signal ({b.get('concurrency', '')} at a time)",
-            f"{b['deny_all_s']:.2f}",
-            "s",
-        ),
-        (f"  ... until all {n} workflows closed", f"{b['closed_all_s']:.2f}", "s"),
-        ("worker VmRSS after they closed", f"{b['worker_closed']['VmRSS'] / mib:.1f}", "MiB"),
-    ]
-
-
-def print_pending(rows: list[tuple[str, str, str]], n: int) -> None:
-    width = max(len(r[0]) for r in rows)
-    head = f"{f'{n} calls pending on one worker':<{width}}  {'value':>9}  unit"
-    log(head)
-    log("-" * len(head))
-    for label, value, unit in rows:
-        log(f"{label:<{width}}  {value:>9}  {unit}")
-
-
 # -- main ----------------------------------------------------------------------------------
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--n", type=int, default=100, help="approvals measured per mode (a)")
     ap.add_argument("--pending", type=int, default=1000, help="calls pending at once (b)")
     ap.add_argument("--warmup", type=int, default=5, help="warm-up approvals per mode / in (b)")
-    ap.add_argument("--concurrency", type=int, default=50, help="starts/denials in flight (b)")
+    ap.add_argument("--concurrency", type=int, default=50, help="starts/decisions in flight (b)")
+    ap.add_argument("--sample", type=int, default=20, help="single decisions timed per end (b)")
+    ap.add_argument("--poll", type=float, default=0.25, help="seconds between count polls (b)")
+    w = ap.add_argument_group("worker settings (b), passed to both workers; unset: SDK default")
+    w.add_argument("--max-cached-workflows", type=int)
+    w.add_argument("--workflow-task-pollers", type=int)
+    w.add_argument("--max-concurrent-activities", type=int)
     ap.add_argument("--address", help="use an existing server instead of the embedded one")
     ap.add_argument("--namespace", default="default")
     ap.add_argument(
         "--default-server", action="store_true", help="embedded server without FAST_CONFIG"
     )
+    ap.add_argument(
+        "--stock-sa-cache",
+        action="store_true",
+        help="keep the dev server's search-attribute refresh on every read (MANY_PENDING_CONFIG)",
+    )
+    ap.add_argument(
+        "--dynamic-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="more dynamic config for the embedded server (repeatable)",
+    )
     ap.add_argument("--skip-latency", action="store_true", help="only part b")
     ap.add_argument("--skip-pending", action="store_true", help="only part a")
+    ap.add_argument("--skip-bare", action="store_true", help="part b without the bare phase")
     ap.add_argument("--json", type=Path, help="where to write the raw numbers")
     ap.add_argument(
         "--log-level", default="INFO", help="exactcall's log level (JSON lines to a .log file)"
@@ -527,7 +229,8 @@ async def amain(args: argparse.Namespace) -> int:
     json_path = args.json or HERE / "results" / f"approvals-{stamp}.json"
     json_path.parent.mkdir(parents=True, exist_ok=True)
     log_path = json_path.with_suffix(".log")
-    worker_log = json_path.with_suffix(".worker.log")
+    log_dir = json_path.with_suffix("")  # the workers' output: <stem>/<flavour>.worker.log
+    log_dir.mkdir(exist_ok=True)
     setup_logging(args.log_level, log_path)
     config: dict[str, Any] = {
         "started": stamp,
@@ -547,7 +250,9 @@ async def amain(args: argparse.Namespace) -> int:
         config["server"] = {"kind": "existing", "address": address}
         log(f"server: existing server at {address} (its dynamic config is not known here)")
     else:
-        server = DevServer(fast=not args.default_server)
+        extra = [*([] if args.stock_sa_cache else MANY_PENDING_CONFIG), *args.dynamic_config]
+        dynamic = [a for v in extra for a in ("--dynamic-config-value", v)]
+        server = DevServer(fast=not args.default_server, extra_args=dynamic)
         server.start()
         address = server.address
         config["server"] = {
@@ -555,7 +260,7 @@ async def amain(args: argparse.Namespace) -> int:
             "version": temporal_version(),
             "address": address,
             "fast": server.fast,
-            "dynamic_config": list(FAST_CONFIG) if server.fast else [],
+            "dynamic_config": [*(FAST_CONFIG if server.fast else ()), *extra],
             "command": server.command(),
         }
         log(f"server: embedded `temporal server start-dev` ({config['server']['version']})")
@@ -564,7 +269,7 @@ async def amain(args: argparse.Namespace) -> int:
     watch(server_pid)
     log(
         f"host: {config['cpus']} CPUs, Python {config['python']}, temporalio "
-        f"{config['temporalio']}; logs: {log_path}, worker subprocess: {worker_log}"
+        f"{config['temporalio']}; logs: {log_path}, worker subprocesses: {log_dir}/"
     )
     config["loadavg_start"] = os.getloadavg()
     log(f"load average before: {fmt_load(config['loadavg_start'])} (other processes add noise)\n")
@@ -586,15 +291,13 @@ async def amain(args: argparse.Namespace) -> int:
                 log(f"load average: {fmt_load(config['loadavg_after_latency'])}\n")
                 save()
             if not args.skip_pending:
-                b = await many_pending(client, address, args, worker_log, server_pid)
-                b["concurrency"] = args.concurrency
-                result["pending"] = b
+                result["pending"] = await many_pending(client, address, args, log_dir, server_pid)
                 log("")
-                print_pending(pending_rows(b), args.pending)
+                print_table(result["pending"], args.pending)
             config["loadavg_end"] = os.getloadavg()
             save()
             log(f"load average after: {fmt_load(config['loadavg_end'])}")
-            log(f"\nraw numbers: {json_path}\nlogs: {log_path}, {worker_log}")
+            log(f"\nraw numbers: {json_path}\nlogs: {log_path}, {log_dir}/")
     finally:
         if "loadavg_end" not in config:  # failed or interrupted: keep what was measured
             config["loadavg_end"] = os.getloadavg()

@@ -8,7 +8,6 @@ Deterministic workflow code only.
 from __future__ import annotations
 
 import asyncio
-import weakref
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -136,7 +135,14 @@ class WorkflowState:
         self.published = True
 
 
-_STATES: weakref.WeakKeyDictionary[Any, WorkflowState] = weakref.WeakKeyDictionary()
+_STATE_ATTR = "_exactcall_state"
+# On the workflow object, not in a module-level WeakKeyDictionary keyed by it: the state refers
+# back to the workflow (its calls' tasks hold the workflow's event loop), so such an entry was
+# never dropped and every workflow a worker ever ran stayed in memory, evicted or finished.
+
+
+def _state_of(instance: Any) -> WorkflowState | None:
+    return getattr(instance, _STATE_ATTR, None)
 
 
 def cancellation_reaches_calls() -> bool:
@@ -145,7 +151,7 @@ def cancellation_reaches_calls() -> bool:
 
 
 def state() -> WorkflowState:
-    st = _STATES.get(workflow.instance())
+    st = _state_of(workflow.instance())
     if st is None:
         raise PluginNotInstalled(
             "exactcall.call ran on a worker without exactcall.Plugin(): add "
@@ -172,7 +178,14 @@ def _install(config: WorkflowConfig) -> None:
         book=ApprovalBook(workflow_id=info.workflow_id, verifier=config.verifier),
         ordinals=_carried_ordinals(),
     )
-    _STATES[workflow.instance()] = st
+    instance = workflow.instance()
+    try:
+        setattr(instance, _STATE_ATTR, st)  # freed with the workflow when it is evicted
+    except AttributeError:
+        raise TypeError(
+            f"{type(instance).__name__} has __slots__ without __dict__: exactcall keeps a "
+            f"workflow's call state in its {_STATE_ATTR!r} attribute; add it to __slots__"
+        ) from None
 
     def on_decide(decision: Decision) -> None:
         rec = st.book.decide(decision, workflow.now())
@@ -216,7 +229,7 @@ class _Inbound(WorkflowInboundInterceptor):
 
 class _Outbound(WorkflowOutboundInterceptor):
     def continue_as_new(self, input: ContinueAsNewInput) -> Any:
-        st = _STATES.get(workflow.instance())
+        st = _state_of(workflow.instance())
         if st is not None and st.ordinals:
             carried: Payload = workflow.payload_converter().to_payload(st.ordinals)
             input.headers = {**input.headers, CARRY_HEADER: carried}

@@ -126,17 +126,21 @@ async def call_with(
         st.flights[intent.key] = flight.start(_run_flight(t, intent, mode, flight))
     elif flight.intent.args_hash != intent.args_hash:
         count(CALLS, tool=t.name, outcome="conflict")
-        raise IntentConflict(
-            f"step {intent.step!r} of {t.name} already ran in this workflow with args hash "
-            f"{flight.intent.args_hash}; this call has {intent.args_hash}. Nothing was "
-            "executed. Use another key= for a different call.",
-            tool=t.name,
-            step=intent.step,
-            key=intent.key,
-            args_hash=intent.args_hash,
-            recorded_hash=flight.intent.args_hash,
-        )
+        raise _conflict(t, intent, "already ran", flight.intent.args_hash)
     return _typed(t, await _join(flight))
+
+
+def _conflict(t: Tool, intent: Intent, what: str, recorded_hash: str) -> IntentConflict:
+    return IntentConflict(
+        f"step {intent.step!r} of {t.name} {what} in this workflow with args hash "
+        f"{recorded_hash}; this call has {intent.args_hash}. Nothing was executed. Use "
+        "another key= for a different call.",
+        tool=t.name,
+        step=intent.step,
+        key=intent.key,
+        args_hash=intent.args_hash,
+        recorded_hash=recorded_hash,
+    )
 
 
 async def _read(t: Tool, intent: Intent) -> Any:
@@ -149,16 +153,7 @@ async def _read(t: Tool, intent: Intent) -> Any:
     running = reads.get(intent.key)
     if running is not None and not running[1].done():
         if running[0] != intent.args_hash:
-            raise IntentConflict(
-                f"step {intent.step!r} of {t.name} is being read in this workflow with args "
-                f"hash {running[0]}; this call has {intent.args_hash}. Nothing was executed. "
-                "Use another key= for a different call.",
-                tool=t.name,
-                step=intent.step,
-                key=intent.key,
-                args_hash=intent.args_hash,
-                recorded_hash=running[0],
-            )
+            raise _conflict(t, intent, "is being read", running[0])
         return await asyncio.shield(running[1])
     task = asyncio.ensure_future(execute_tool_activity(t, intent))
     reads[intent.key] = (intent.args_hash, task)

@@ -41,7 +41,7 @@ from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, 
 
 with workflow.unsafe.imports_passed_through():
     import exactcall
-    from exactcall.demo.bank_client import payments_with_key, post_payment
+    from exactcall.demo.bank_client import post_payment, receipt_with_key
 
 __all__ = [
     "AGENT",
@@ -146,19 +146,8 @@ async def soak_approved(bank: str, amount: int, to: str) -> dict[str, Any]:
 
 def find_soak_payment(intent: exactcall.Intent) -> Any:
     """Probe of ``soak_probed``: did the bank book a payment under the call's key?"""
-    rows = payments_with_key(str(intent.args["bank"]), intent.key)
-    if not rows:
-        return exactcall.NotLanded()
-    row = rows[0]
-    return exactcall.Landed(
-        {
-            "payment_id": row["id"],
-            "amount": row["amount"],
-            "to": row["to_account"],
-            "idempotency_key": row["idempotency_key"],
-            "status": "succeeded",
-        }
-    )
+    receipt = receipt_with_key(str(intent.args["bank"]), intent.key)
+    return exactcall.NotLanded() if receipt is None else exactcall.Landed(receipt)
 
 
 @exactcall.tool(name=PROBED, reconcile=find_soak_payment, heartbeat_timeout=HEARTBEAT)

@@ -10,7 +10,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-__all__ = ["HTTP_TIMEOUT", "payments_with_key", "post_payment"]
+__all__ = ["HTTP_TIMEOUT", "payments_with_key", "post_payment", "receipt_with_key"]
 
 HTTP_TIMEOUT = 30.0
 
@@ -36,3 +36,19 @@ def payments_with_key(bank: str, key: str) -> list[dict[str, Any]]:
     with urllib.request.urlopen(f"{bank.rstrip('/')}/payments?{query}", timeout=HTTP_TIMEOUT) as r:
         rows: list[dict[str, Any]] = json.loads(r.read())["payments"]
     return rows
+
+
+def receipt_with_key(bank: str, key: str) -> dict[str, Any] | None:
+    """The receipt of the payment the bank booked under ``key`` (the shape ``POST /payments``
+    answers), or None: what a reconciliation probe returns as ``Landed``."""
+    rows = payments_with_key(bank, key)
+    if not rows:
+        return None
+    row = rows[0]
+    return {
+        "payment_id": row["id"],
+        "amount": row["amount"],
+        "to": row["to_account"],
+        "idempotency_key": row["idempotency_key"],
+        "status": "succeeded",
+    }

@@ -27,7 +27,7 @@ from typing import Any
 from temporalio import activity
 
 import exactcall
-from exactcall.demo.bank_client import payments_with_key, post_payment
+from exactcall.demo.bank_client import post_payment, receipt_with_key
 
 __all__ = [
     "CRASH_BARE_ENV",
@@ -55,20 +55,10 @@ async def pay(bank: str, amount: int, to: str) -> dict[str, Any]:
 
 def find_payment(intent: exactcall.Intent) -> Any:
     """Reconcile probe of ``pay_probed``: did the bank book a payment under the call's key?"""
-    rows = payments_with_key(str(intent.args["bank"]), intent.key)
-    if not rows:
+    receipt = receipt_with_key(str(intent.args["bank"]), intent.key)
+    if receipt is None:
         return exactcall.NotLanded()
-    row = rows[0]
-    return exactcall.Landed(
-        {
-            "payment_id": row["id"],
-            "amount": row["amount"],
-            "to": row["to_account"],
-            "idempotency_key": row["idempotency_key"],
-            "status": "succeeded",
-            "found_by": "probe",
-        }
-    )
+    return exactcall.Landed({**receipt, "found_by": "probe"})  # the demo shows who settled it
 
 
 @exactcall.tool(reconcile=find_payment, heartbeat_timeout=HEARTBEAT)

@@ -5,7 +5,7 @@ waits for approval, a call whose outcome is unknown (parked, no probe) and a pla
 drives a headless Chromium through Playwright over the workflow pages and the three saved-view
 queries, and saves PNGs to the folder given (default /tmp/exactcall-ui).
 
-Needs Playwright's Python package (``pip install 'exactcall[ui-check]'``) and a Chromium on
+Needs Playwright's Python package (``pip install playwright``) and a Chromium on
 the machine (Debian: ``apt-get install chromium``); no browser is downloaded::
 
     python scripts/ui_screenshots.py [OUT_DIR] [--chromium /usr/bin/chromium] [--keep]
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import playwright  # noqa: F401
     except ImportError:
-        print("Playwright is not installed: pip install 'exactcall[ui-check]'")
+        print("Playwright is not installed: pip install playwright")
         return 2
     ns.out.mkdir(parents=True, exist_ok=True)
     with (

@@ -17,6 +17,7 @@ from datetime import timedelta
 from typing import Any, overload
 
 import pydantic
+import structlog
 from temporalio.common import RetryPolicy
 
 from ._canonical import JsonValue, args_hash, canonical_json, to_json_value
@@ -31,6 +32,8 @@ __all__ = [
     "resolve_tool",
     "tool",
 ]
+
+log = structlog.get_logger("exactcall")
 
 DEFAULT_MAX_ARGS_BYTES = 256 * 1024
 DEFAULT_APPROVAL_TIMEOUT = timedelta(hours=24)
@@ -110,7 +113,7 @@ class Tool:
                     "arguments are recorded by name, so give each one a name"
                 )
         self._signature = sig
-        self._hints = _type_hints(self.fn)
+        self._hints = _type_hints(self.fn, self.options.name)
         functools.update_wrapper(self, self.fn)  # type: ignore[arg-type]
 
     # -- identity -----------------------------------------------------------------------
@@ -245,11 +248,54 @@ class Tool:
         return args_hash(self.name, self.canonical_args(args, kwargs))
 
 
-def _type_hints(fn: Callable[..., Any]) -> dict[str, Any]:
+def _type_hints(fn: Callable[..., Any], tool_name: str) -> dict[str, Any]:
+    """The tool's resolved annotations; {} (arguments checked as JSON only) if one of them
+    cannot be resolved, with a warning naming each such annotation and why."""
     try:
         return typing.get_type_hints(fn, include_extras=True)
-    except Exception:  # unresolvable forward references: arguments are checked as JSON only
+    except Exception as exc:
+        origin = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
+        if (tool_name, origin) in _WARNED:  # the workflow sandbox re-imports tool modules
+            return {}
+        _WARNED.add((tool_name, origin))
+        unresolved = _unresolved_annotations(fn) or {"?": f"{type(exc).__name__}: {exc}"}
+        for name, error in unresolved.items():
+            log.warning(
+                "tool.annotations_unresolved",
+                tool=tool_name,
+                function=origin,
+                annotation=name,
+                annotation_text=str(_annotations(fn).get(name, "?")),
+                error=error,
+                consequence="no argument or result of this tool is validated against its "
+                "annotations (checked as plain JSON only)",
+                fix="define (or import) the annotation's type at module level in the tool's "
+                "module, not inside a function or only under `if TYPE_CHECKING:`",
+            )
         return {}
+
+
+_WARNED: set[tuple[str, str]] = set()
+
+
+def _annotations(fn: Callable[..., Any]) -> dict[str, Any]:
+    return dict(getattr(inspect.unwrap(fn), "__annotations__", None) or {})
+
+
+def _unresolved_annotations(fn: Callable[..., Any]) -> dict[str, str]:
+    """Each annotation of ``fn`` that does not resolve on its own, with the error."""
+    globalns = getattr(inspect.unwrap(fn), "__globals__", {})
+    out: dict[str, str] = {}
+    for name, ann in _annotations(fn).items():
+
+        def one() -> None: ...
+
+        one.__annotations__ = {name: ann}
+        try:
+            typing.get_type_hints(one, globalns=globalns, include_extras=True)
+        except Exception as exc:
+            out[name] = f"{type(exc).__name__}: {exc}"
+    return out
 
 
 def _short(exc: pydantic.ValidationError) -> str:

@@ -156,3 +156,25 @@ def test_star_args_are_refused_at_declaration() -> None:
 
         @exactcall.tool(name="canon_star")
         def star(*rest: int) -> None: ...
+
+
+def test_an_unresolvable_annotation_is_logged_not_silently_dropped() -> None:
+    from structlog.testing import capture_logs
+
+    class Local(pydantic.BaseModel):  # not at module level: "Local" does not resolve
+        n: int
+
+    with capture_logs() as logs:
+
+        @exactcall.tool(name="canon_unresolved")
+        def unresolved(item: Local, count: int) -> None: ...
+
+    [warning] = [e for e in logs if e["event"] == "tool.annotations_unresolved"]
+    assert warning["log_level"] == "warning"
+    assert warning["tool"] == "canon_unresolved"
+    assert warning["annotation"] == "item"
+    assert warning["annotation_text"] == "Local"
+    assert "NameError" in warning["error"] and "Local" in warning["error"]
+    assert "module level" in warning["fix"]
+    # the tool still works, its arguments checked as JSON only (as before)
+    assert unresolved.canonical_args([{"n": 1}, "2"], {}) == {"item": {"n": 1}, "count": "2"}

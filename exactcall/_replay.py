@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pydantic
+import structlog
 from temporalio import workflow
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory
@@ -29,8 +31,11 @@ from temporalio.worker import (
 )
 
 from ._model import Intent
+from ._tool import registered_tools
 
 __all__ = ["ReplayReport", "load_history", "recorded_intents", "replay_histories"]
+
+log = structlog.get_logger("exactcall")
 
 _SEEN: list[Intent] = []
 
@@ -54,24 +59,83 @@ def load_history(path: str | Path) -> WorkflowHistory:
     return WorkflowHistory.from_json(wid, raw)
 
 
-async def recorded_intents(history: WorkflowHistory, conv: DataConverter) -> list[Intent]:
-    """The intents scheduled in a history, in order (activity inputs that are intents)."""
+async def recorded_intents(
+    history: WorkflowHistory, conv: DataConverter, *, problems: list[str] | None = None
+) -> list[Intent]:
+    """The intents scheduled in a history, in order (activity inputs that are intents).
+
+    An activity whose input is not an intent is a plain Temporal activity and is skipped. One
+    that looks like an exactcall call (its type is an exactcall tool or activity, or its input
+    is JSON with an intent's fields) but does not decode as an Intent is a problem: appended to
+    ``problems`` when given, else logged as ``replay.intent_undecodable``; never hidden."""
     out: list[Intent] = []
+    tools = {t.name for t in registered_tools()}
     for ev in history.events:
         if ev.event_type != EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             continue
-        payloads = ev.activity_task_scheduled_event_attributes.input.payloads
-        if len(payloads) != 1:
-            continue
+        attrs = ev.activity_task_scheduled_event_attributes
+        payloads = attrs.input.payloads
+        looks = _looks_like_a_call(attrs.activity_type.name, payloads, tools)
         try:
+            if len(payloads) != 1:
+                raise ValueError(f"{len(payloads)} input payloads, an exactcall call has 1")
             # decoded without a type hint, then validated: a converter with a lenient fallback
             # (the OpenAI Agents SDK's) would "decode" any activity input as an Intent
             [value] = await conv.decode(payloads)
             intent = Intent.model_validate(value)
-        except Exception:
-            continue  # a plain Temporal activity
+        except Exception as exc:
+            if looks is None:
+                continue  # a plain Temporal activity
+            problem = (
+                f"activity {attrs.activity_type.name!r} (event {ev.event_id}, activity id "
+                f"{attrs.activity_id!r}) looks like an exactcall call ({looks}) but its input "
+                f"does not decode as an Intent: {_reason(exc)}; "
+                "its intent cannot be checked (a changed Intent model, data converter or codec?)"
+            )
+            if problems is None:
+                log.warning(
+                    "replay.intent_undecodable", workflow_id=history.workflow_id, problem=problem
+                )
+            else:
+                problems.append(problem)
+            continue
         out.append(intent)
     return out
+
+
+_INTENT_FIELDS = frozenset({"args_hash", "key", "tool", "step", "tool_version"})
+
+
+def _looks_like_a_call(activity_type: str, payloads: Sequence[Any], tools: set[str]) -> str | None:
+    """Why an activity looks like an exactcall call, or None (a plain activity)."""
+    if activity_type in tools:
+        return f"{activity_type!r} is a registered exactcall tool"
+    if activity_type.startswith("exactcall."):
+        return "an exactcall activity type"
+    for payload in payloads:
+        if payload.metadata.get("encoding") != b"json/plain":
+            continue
+        try:
+            value = json.loads(payload.data)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            fields = _INTENT_FIELDS & value.keys()
+            if "args_hash" in fields or len(fields) >= 3:
+                return f"its input has an intent's fields {sorted(fields)}"
+    return None
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, pydantic.ValidationError):
+        errs = exc.errors(include_url=False)
+        text = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in errs[:3]
+        )
+        more = f" (+{len(errs) - 3} more)" if len(errs) > 3 else ""
+        return f"{type(exc).__name__}: {text}{more}"
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:300]}"
 
 
 class _Capture(Interceptor):
@@ -115,9 +179,11 @@ async def replay_histories(
     reports = []
     for path in paths:
         history = load_history(path)
-        recorded = await recorded_intents(history, conv)
+        undecodable: list[str] = []
+        recorded = await recorded_intents(history, conv, problems=undecodable)
         ns = namespace or (recorded[0].namespace if recorded else "default")
         report = ReplayReport(str(path), history.workflow_id, ns, calls=len(recorded))
+        report.problems += undecodable
         replayer = Replayer(
             workflows=list(workflows), plugins=plugins, namespace=ns, interceptors=[_Capture()]
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.client import WorkflowHistory
@@ -144,3 +145,64 @@ async def test_history_export_then_replay(
     assert await proc.wait() == 0
     [report] = await replay_histories([out], [Agent])
     assert report.ok and report.calls == 1 and report.workflow_id == h.id
+
+
+def _with_input(src: Path, dst: Path, activity: str, edit: Any) -> Path:
+    """A copy of a stored history whose (last) ``activity`` input JSON is changed by ``edit``."""
+    import base64
+
+    raw = json.loads(src.read_text())
+    [*_, attrs] = [
+        a
+        for ev in raw["events"]
+        if (a := ev.get("activityTaskScheduledEventAttributes"))
+        and a["activityType"]["name"] == activity
+    ]
+    payload = attrs["input"]["payloads"][0]
+    payload["data"] = base64.b64encode(edit(base64.b64decode(payload["data"]))).decode()
+    dst.write_text(json.dumps(raw))
+    return dst
+
+
+async def test_an_undecodable_intent_is_reported_not_taken_for_a_plain_activity(
+    tmp_path: Path,
+) -> None:
+    import tests.tools  # noqa: F401  (registers "balance", as `exactcall replay --tools` does)
+
+    def extra_field(data: bytes) -> bytes:  # e.g. an Intent model changed since the history
+        return json.dumps({**json.loads(data), "added_later": 1}).encode()
+
+    # the last call: before, it was skipped silently, and its intent never compared
+    bad = _with_input(HISTORIES / "plain_call.json", tmp_path / "bad.json", "balance", extra_field)
+    [report] = await replay_histories([bad], [Agent])
+    assert not report.ok
+    [problem] = report.problems
+    assert "'balance'" in problem and "does not decode as an Intent" in problem, problem
+    assert "registered exactcall tool" in problem and "added_later" in problem, problem
+    assert report.calls == 2
+
+    # an intent-shaped input under an activity type no tool has: still not taken as plain
+    renamed = json.loads(bad.read_text())
+    for ev in renamed["events"]:
+        a = ev.get("activityTaskScheduledEventAttributes")
+        if a and a["activityType"]["name"] == "balance":
+            a["activityType"]["name"] = "not_a_tool"
+    (tmp_path / "renamed.json").write_text(json.dumps(renamed))
+    [report] = await replay_histories([tmp_path / "renamed.json"], [Agent])
+    assert not report.ok and "an intent's fields" in report.problems[0], report.problems
+
+
+async def test_a_plain_activity_input_is_not_reported(tmp_path: Path) -> None:
+    def plain(data: bytes) -> bytes:  # what a plain Temporal activity's input looks like
+        return json.dumps({"account": "alice", "amount": 3}).encode()
+
+    path = _with_input(HISTORIES / "plain_call.json", tmp_path / "plain.json", "balance", plain)
+    raw = json.loads(path.read_text())
+    for ev in raw["events"]:
+        a = ev.get("activityTaskScheduledEventAttributes")
+        if a and a["activityType"]["name"] == "balance":
+            a["activityType"]["name"] = "plain_lookup"
+    path.write_text(json.dumps(raw))
+    [report] = await replay_histories([path], [Agent])
+    assert report.calls == 2
+    assert not any("does not decode" in p for p in report.problems), report.problems

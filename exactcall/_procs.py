@@ -15,7 +15,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from ._crash import CRASH_ENV
+from ._crash import CRASH_ENV, CRASH_PLUGIN
 
 __all__ = ["EFFECTS_ENV", "EffectCounter", "WorkerProcess", "record_effect"]
 
@@ -74,10 +74,14 @@ class WorkerProcess:
         args: Sequence[str] = (),
         inherit_env: bool = True,
         plugins: Sequence[str] = (),
+        arm_crash_points: bool | None = None,
     ) -> None:
         """``args``: more ``exactcall worker`` flags (e.g. TLS); ``inherit_env=False``: ``env``
         is the whole environment (plus what the worker needs here); ``plugins``:
-        ``MODULE:NAME`` of more Temporal plugins (``exactcall worker --plugin``)."""
+        ``MODULE:NAME`` of more Temporal plugins (``exactcall worker --plugin``);
+        ``arm_crash_points``: add exactcall's CrashPlugin, without which ``EXACTCALL_CRASH_AT``
+        does nothing (default: when this worker has a crash rule, from ``crash_at`` or
+        ``env``)."""
         self.name = name
         base = dict(os.environ) if inherit_env else {}
         base.pop(CRASH_ENV, None)  # only this worker's own crash rule applies
@@ -85,6 +89,8 @@ class WorkerProcess:
         full_env["EXACTCALL_LOG_LEVEL"] = "INFO"  # started() waits for the worker.started line
         if crash_at:
             full_env[CRASH_ENV] = crash_at
+        if arm_crash_points is None:
+            arm_crash_points = bool(full_env.get(CRASH_ENV))
         cwd = Path(cwd or os.getcwd())
         full_env["PYTHONPATH"] = os.pathsep.join(
             filter(None, [str(cwd), full_env.get("PYTHONPATH", "")])
@@ -110,6 +116,8 @@ class WorkerProcess:
             cmd += ["--workflows", w]
         for pl in plugins:
             cmd += ["--plugin", pl]
+        if arm_crash_points:
+            cmd += ["--plugin", CRASH_PLUGIN]
         self.proc = subprocess.Popen(
             cmd,
             cwd=cwd,

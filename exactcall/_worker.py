@@ -19,6 +19,7 @@ from temporalio.envconfig import ClientConfig
 from temporalio.service import TLSConfig
 from temporalio.worker import Worker
 
+from ._crash import warn_if_unarmed
 from ._plugin import Plugin
 from ._tool import Tool
 
@@ -185,6 +186,12 @@ async def run_worker(worker: Worker) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    warn_if_unarmed(
+        [
+            *worker.config(active_config=True).get("interceptors", []),
+            *worker.client.config(active_config=True).get("interceptors", []),
+        ]
+    )
     async with worker:
         log.info("worker.started", task_queue=worker.task_queue)
         await stop.wait()

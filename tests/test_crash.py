@@ -102,3 +102,46 @@ async def test_killed_before_anything_was_written_calls_it(
     assert out[0]["ok"]["to"] == who
     assert attempts == [2]
     assert bank.count(to=who) == 1
+
+
+async def test_crash_points_are_inert_in_a_worker_without_the_crash_plugin(
+    client: Client, server: Any, tq: str, bank: Bank, who: str
+) -> None:
+    from exactcall._crash import CRASH_ENV
+    from tests.conftest import ROOT
+
+    # EXACTCALL_CRASH_AT set, but a production worker (no CrashPlugin): nothing kills it
+    wp = WorkerProcess(
+        server.address,
+        tq,
+        tools=["tests.tools"],
+        workflows=["tests.workflows"],
+        env={CRASH_ENV: "pay:after_call:1"},
+        arm_crash_points=False,
+        cwd=ROOT,
+    )
+    try:
+        await wp.started()
+        handle = await start_agent(client, tq, plan(step("pay", bank.url, 10, who)))
+        out = await handle.result()
+        assert "ok" in out[0], out
+        assert wp.proc.poll() is None, "the worker died at a crash point it should not have armed"
+        assert bank.count(to=who) == 1
+        attempts = [
+            ev.activity_task_started_event_attributes.attempt
+            async for ev in handle.fetch_history_events()
+            if ev.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
+        ]
+        assert attempts == [1]
+        assert any("crash.points_not_armed" in line for line in wp.log), wp.tail
+    finally:
+        wp.stop()
+
+
+def test_maybe_crash_outside_an_armed_activity_does_not_kill(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from exactcall._crash import CRASH_ENV, maybe_crash
+
+    monkeypatch.setenv(CRASH_ENV, "*:after_call")
+    maybe_crash("after_call", "pay", 1, "pay#1")  # still alive

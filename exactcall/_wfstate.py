@@ -39,11 +39,14 @@ from ._model import Intent
 __all__ = [
     "CANCEL_PATCH",
     "CARRY_HEADER",
+    "SEARCH_ATTRIBUTES_OFF_PATCH",
+    "SEARCH_ATTRIBUTES_ON_PATCH",
     "Flight",
     "WorkflowConfig",
     "WorkflowState",
     "current_config",
     "inbound_class",
+    "pinned_search_attributes",
     "state",
 ]
 
@@ -51,6 +54,13 @@ CARRY_HEADER = "exactcall-ordinals"
 CANCEL_PATCH = "exactcall.cancellation-reaches-calls"
 """Histories recorded before cancellation reached calls replay as they ran: a cancelled
 caller did not cancel its call then."""
+SEARCH_ATTRIBUTES_ON_PATCH = "exactcall.search-attributes.on"
+SEARCH_ATTRIBUTES_OFF_PATCH = "exactcall.search-attributes.off"
+"""Patch markers that pin, in a workflow run's own history, whether it upserts exactcall's
+search attributes: the choice is made once per run, at its first upsert, from the worker's
+``Plugin(search_attributes=...)``; replays and later tasks follow the marker, whatever the
+flag of the worker that runs them (an upsert command present or absent would otherwise fail
+replay with a nondeterminism error after a rolling change of the flag)."""
 PENDING_KEY = SearchAttributeKey.for_bool(PENDING_ATTRIBUTE)
 
 
@@ -106,6 +116,14 @@ class WorkflowState:
     """Read-only calls in flight by key: (args hash, the activity), so concurrent reads with
     one explicit key are one activity (its id is derived from the key)."""
     published: bool = False
+    search_attributes_choice: bool | None = None
+    """This run's pinned choice (see SEARCH_ATTRIBUTES_ON_PATCH), once made."""
+
+    def upserts_search_attributes(self) -> bool:
+        """Whether this run upserts exactcall's search attributes (pinned at first use)."""
+        if self.search_attributes_choice is None:
+            self.search_attributes_choice = _pin_search_attributes(self.config.search_attributes)
+        return self.search_attributes_choice
 
     def next_step(self, tool: str) -> str:
         n = self.ordinals.get(tool, 0) + 1
@@ -130,7 +148,7 @@ class WorkflowState:
         workflow.upsert_memo(
             {PENDING_MEMO: [p.model_dump(mode="json") for p in pending] if pending else None}
         )
-        if self.config.search_attributes:
+        if self.upserts_search_attributes():
             workflow.upsert_search_attributes([PENDING_KEY.value_set(bool(pending))])
         self.published = True
 
@@ -143,6 +161,33 @@ _STATE_ATTR = "_exactcall_state"
 
 def _state_of(instance: Any) -> WorkflowState | None:
     return getattr(instance, _STATE_ATTR, None)
+
+
+def _pin_search_attributes(flag: bool) -> bool:
+    """Record (or, replaying, read back) this run's choice as one of two patch markers.
+
+    Not replaying, the first ``patched`` call records the marker of the worker's flag. Replaying,
+    each returns True only if its marker is in the history, so the recorded choice wins. Neither
+    marker: a history from before the choice was pinned; it ran by its worker's flag, as now."""
+    first, other = (
+        (SEARCH_ATTRIBUTES_ON_PATCH, SEARCH_ATTRIBUTES_OFF_PATCH)
+        if flag
+        else (SEARCH_ATTRIBUTES_OFF_PATCH, SEARCH_ATTRIBUTES_ON_PATCH)
+    )
+    if workflow.patched(first):
+        return flag
+    if workflow.patched(other):
+        return not flag
+    return flag
+
+
+def pinned_search_attributes() -> bool:
+    """Whether the current workflow run upserts exactcall's search attributes.
+
+    Use it instead of ``current_config().search_attributes`` before an upsert: the choice is
+    recorded in the run's history at the first use (SEARCH_ATTRIBUTES_ON_PATCH), so it does not
+    change when a worker with another ``Plugin(search_attributes=...)`` replays the run."""
+    return state().upserts_search_attributes()
 
 
 def cancellation_reaches_calls() -> bool:

@@ -31,7 +31,7 @@ from typing import Any
 import structlog
 from temporalio import activity
 from temporalio.client import AsyncActivityCancelledError, AsyncActivityHandle
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 
 from exactcall._approval import ApprovalMissing
 from exactcall._canonical import args_hash, derive_key, to_json_value
@@ -47,8 +47,8 @@ from exactcall._errors import (
 )
 from exactcall._metrics import observed_attempt
 from exactcall._model import Intent, Owner, RecordEvent
-from exactcall._reconcile import CallAbandoned, reconcile_id
-from exactcall._settle import SETTLE_PREFIX
+from exactcall._reconcile import RECONCILE_WORKFLOW, CallAbandoned, reconcile_id
+from exactcall._settle import SETTLE_PREFIX, reconcile_input, reconcile_start_options
 from exactcall._tool import Tool
 from exactcall._wait import needs_approval
 
@@ -58,16 +58,6 @@ from ._records import Record, RecordView
 __all__ = ["tool_activity"]
 
 log = structlog.get_logger("exactcall")
-
-ZOMBIE_GRACE = timedelta(seconds=0.1)
-"""How long an attempt that finds "calling" markers of an earlier attempt of its own activity,
-without a result, waits for it to record one before calling the outcome unknown. Temporal
-started this attempt because that one stopped heartbeating, so it is almost always dead
-(SIGKILL, OOM; one that is alive and can reach the server keeps heartbeating); one that was
-only stalled and finishes later leaves its result on the record,
-and the call, unknown meanwhile, goes to reconciliation: never re-sent. Short, so a crash
-settles within about heartbeat_timeout + 2 s. Markers of another run (a reset or a re-run
-while the old run's attempt may still be paying) get the whole heartbeat timeout."""
 
 
 def tool_activity(t: Tool) -> Callable[[Intent], Awaitable[Any]]:
@@ -178,12 +168,15 @@ class Attempt:
             self.log.info("tool.recall_same_key", reason="provider-idempotent")
             await self._mark("calling")
             return await self._call(maybe_called=True)
-        if view.state.phase != "unknown":  # an attempt may still be finishing: give it a moment
+        if view.state.phase != "unknown" and view.state.owner != self.owner:
+            # another run's attempt (a reset or a re-run) may still be paying: give it the
+            # heartbeat timeout to record its result. An earlier attempt of this same activity
+            # gets none: Temporal started this attempt because that one stopped heartbeating,
+            # so it is all but surely dead (SIGKILL, OOM: one that is alive and can reach the
+            # server keeps heartbeating). One that was only stalled and finishes later leaves
+            # its result on the record, and the call, unknown meanwhile, is reconciled: never
+            # re-sent. So a crash settles within about heartbeat_timeout + 2 s.
             grace = self.tool.options.heartbeat_timeout
-            if view.state.owner == self.owner:
-                # an earlier attempt of this same activity: Temporal started this one because
-                # that one stopped heartbeating, so it is all but surely dead
-                grace = min(grace, ZOMBIE_GRACE)
             async with self._keepalive({"phase": "calling", "attempt": self.info.attempt}):
                 waited = await self.record.wait_done(grace)
             if waited is not None and waited.state.final:
@@ -404,6 +397,24 @@ class Attempt:
             await self._mark("unknown", reason=reason)
         except Exception as exc:
             self.log.error("tool.record_unreachable", error=_describe(exc))
+        await self._route(reason)
+
+    async def _route(self, reason: str) -> None:
+        """Start the call's reconciliation now: the call is routed as soon as its outcome is
+        known to be unknown, not at the calling workflow's next task (which may wait out a
+        dead worker's sticky queue first). The workflow then finds it running and joins it;
+        if this start fails, the workflow starts it (as before)."""
+        if self.info.workflow_id == reconcile_id(self.intent.key):
+            return  # a re-run inside the reconciliation itself
+        inp = reconcile_input(self.tool, self.intent, reason, datetime.now(UTC))
+        options = reconcile_start_options(inp, cancelled=self.cancel.by_workflow or self.settling)
+        start = activity.client().start_workflow(RECONCILE_WORKFLOW, inp, **options)
+        try:
+            await durably(start, self.cancel.by_worker)
+        except WorkflowAlreadyStartedError:
+            pass  # an earlier attempt or run started it
+        except Exception as exc:
+            self.log.warning("tool.reconcile_start_deferred", error=_describe(exc))
 
     async def _must_read(self) -> RecordView:
         view = await self.record.read()

@@ -3,7 +3,8 @@
 Effects are counted at the bank (each run pays its own account, each call a distinct amount),
 never by the code under test. A call is *settled* (the issue's words: "done, or unknown and
 routed") at the ``ActivityTaskCompleted`` of its tool activity in the agent's history, or, for
-an unknown outcome, at the ``ChildWorkflowExecutionStarted`` of its reconciliation. A kill
+an unknown outcome, at the start of its reconciliation workflow (the attempt that finds the
+outcome unknown starts it; the agent starts it as a child if that attempt could not). A kill
 *interrupted* a call if an attempt of the call's tool activity was running on the killed
 process (it started there and never ended: the workers' attempt log) and the call was not
 settled yet. Two times are taken from the last such kill: to the call settled, and to the
@@ -19,12 +20,15 @@ import json
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType, TimeoutType
 from temporalio.client import Client
+from temporalio.service import RPCError
+
+from exactcall._reconcile import reconcile_id
 
 Attempts = dict[tuple[str, str], list[dict[str, Any]]]
 HEADLINE = (
@@ -95,16 +99,25 @@ class AgentHistory:
     """Workflow tasks that waited on the sticky queue of a dead worker, then moved."""
     task_timeouts: int = 0
     """Workflow tasks held by a worker that died (the workflow task timeout ran out)."""
+    failed: dict[str, str] = field(default_factory=dict)
+    """Step -> key of the calls whose tool activity failed (unknown ones are reconciled)."""
 
 
 async def read_agents(client: Client, workflow_ids: Sequence[str]) -> dict[str, AgentHistory]:
-    """The agents' histories, read after the soak."""
+    """The agents' histories, read after the soak; an unknown call settled when its
+    reconciliation started (by the attempt that found it unknown, or as the agent's child)."""
     gate = asyncio.Semaphore(16)
 
     async def one(wid: str) -> tuple[str, AgentHistory]:
         async with gate:
             events = [e async for e in client.get_workflow_handle(wid).fetch_history_events()]
-        return wid, agent_history(events)
+            history = agent_history(events)
+            for step, key in history.failed.items():
+                with contextlib.suppress(RPCError):  # no reconciliation: a definite failure
+                    desc = await client.get_workflow_handle(reconcile_id(key)).describe()
+                    started = desc.start_time.timestamp()
+                    history.settled[step] = min(history.settled.get(step, started), started)
+        return wid, history
 
     return dict(await asyncio.gather(*(one(w) for w in workflow_ids)))
 
@@ -113,9 +126,16 @@ def agent_history(events: Sequence[Any]) -> AgentHistory:
     """Fold one agent's history events."""
     out = AgentHistory(settled={})
     step: str | None = None
+    keys: dict[str, str] = {}
     for ev in events:
         if ev.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            step = ev.activity_task_scheduled_event_attributes.activity_id
+            attrs = ev.activity_task_scheduled_event_attributes
+            step = attrs.activity_id
+            with contextlib.suppress(ValueError, KeyError, TypeError, IndexError):
+                keys[step] = json.loads(attrs.input.payloads[0].data)["key"]
+        elif step and ev.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED:
+            if step in keys:
+                out.failed[step] = keys[step]
         elif step and ev.event_type in _SETTLING:
             out.settled.setdefault(step, ev.event_time.seconds + ev.event_time.nanos / 1e9)
         elif ev.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
@@ -270,6 +290,7 @@ def figures(t: Tally, kills: list[Kill], bound: float) -> dict[str, Any]:
         "settle_by_tool": {k: summary(v) for k, v in sorted(t.settle.items())},
         "agent_by_tool": {k: summary(v) for k, v in sorted(t.agent.items())},
         "slowest": sorted(t.slow, reverse=True)[:10],
+        "slowest_to_agent": sorted(t.slow, key=lambda r: r[1], reverse=True)[:10],
         "problems": t.problems[:50],
     }
 

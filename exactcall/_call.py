@@ -36,9 +36,11 @@ from ._errors import (
 )
 from ._metrics import CALLS, count, observed_approval
 from ._model import Intent
+from ._reconcile import CallSpec
 from ._settle import (
     OnUnknown,
     await_verdict,
+    call_spec,
     reconciling,
     settle_activity_id,
     start_reconciliation,
@@ -48,12 +50,15 @@ from ._tool import Tool, resolve_tool
 from ._wait import needs_approval, wait_for_approval
 from ._wfstate import Flight, cancellation_reaches_calls, state
 
-__all__ = ["call", "call_with", "intent_of"]
+__all__ = ["call", "call_with", "execute_call_activity", "intent_of"]
 
 MAX_KEY_LENGTH = 200
 CRASH_RETRY_INTERVAL = timedelta(milliseconds=200)
 """Temporal's wait before the attempt that follows a crashed one (it reads the markers and
 settles the call; it does not call the tool blindly)."""
+JOINS_STARTED_RECONCILIATION = "exactcall.joins-started-reconciliation"
+"""Patch: a cancelled call whose reconciliation was already running (started by the attempt
+that found the outcome unknown) tells it so; histories from before it never signalled."""
 _WAIT = ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
 _NON_RETRYABLE = [
     "AmbiguousOutcome",
@@ -242,7 +247,10 @@ async def _reconcile(
     was_cancelled = flight.cancelled
     try:
         child = await start_reconciliation(t, intent, err, cancelled=was_cancelled)
-        if flight.cancelled and not was_cancelled:
+        joined = child is None and workflow.patched(JOINS_STARTED_RECONCILIATION)
+        if flight.cancelled and (joined or not was_cancelled):
+            # a reconciliation that was already running (the attempt that found the outcome
+            # unknown started it) has not been told about the cancellation yet
             await tell_cancelled(intent)
     finally:
         flight.interruptible = True
@@ -267,7 +275,9 @@ async def _settle_cancelled(t: Tool, intent: Intent, flight: Flight) -> Any:
     try:
         return await execute_tool_activity(t, intent, settle_activity_id(base), _WAIT)
     except AmbiguousOutcome as err:
-        await start_reconciliation(t, intent, err, cancelled=True)
+        child = await start_reconciliation(t, intent, err, cancelled=True)
+        if child is None and workflow.patched(JOINS_STARTED_RECONCILIATION):
+            await tell_cancelled(intent)
         raise reconciling(err, intent) from None
 
 
@@ -285,29 +295,63 @@ async def execute_tool_activity(
 
     ``cancellation``: a call's flight waits for a cancelled attempt to report what the tool
     did (WAIT_CANCELLATION_COMPLETED); read-only calls and re-runs are cancelled as usual."""
-    opts = t.options
     if activity_id is None:
         activity_id = _activity_id(t, intent)
-    try:
-        return await workflow.execute_activity(
+    if t.options.read_only:
+        opts = t.options
+        return await _schedule(
             t.name,
             intent,
+            activity_id,
+            cancellation,
             task_queue=opts.task_queue,
             start_to_close_timeout=opts.start_to_close_timeout,
             heartbeat_timeout=opts.heartbeat_timeout,
-            retry_policy=_retry_policy(t),
+            retry_policy=opts.retry_policy,
+        )
+    return await execute_call_activity(call_spec(t), intent, activity_id, cancellation)
+
+
+async def execute_call_activity(
+    spec: CallSpec,
+    intent: Intent,
+    activity_id: str,
+    cancellation: ActivityCancellationType = ActivityCancellationType.TRY_CANCEL,
+) -> Any:
+    """Schedule the (side-effecting) tool activity of ``intent`` as ``spec`` says."""
+    return await _schedule(
+        intent.tool,
+        intent,
+        activity_id,
+        cancellation,
+        task_queue=spec.task_queue,
+        start_to_close_timeout=spec.start_to_close_timeout,
+        heartbeat_timeout=spec.heartbeat_timeout,
+        retry_policy=_retry_policy(spec),
+    )
+
+
+async def _schedule(
+    name: str,
+    intent: Intent,
+    activity_id: str,
+    cancellation: ActivityCancellationType,
+    **options: Any,
+) -> Any:
+    try:
+        return await workflow.execute_activity(
+            name,
+            intent,
             activity_id=activity_id,
-            summary=f"{t.name} {intent.step} args {intent.args_hash[:12]}",
+            summary=f"{name} {intent.step} args {intent.args_hash[:12]}",
             cancellation_type=cancellation,
+            **options,
         )
     except ActivityError as err:
-        raise _outcome_error(t, intent, err) from err
+        raise _outcome_error(name, intent, err) from err
 
 
-def _retry_policy(t: Tool) -> RetryPolicy:
-    p = t.options.retry_policy
-    if t.options.read_only:
-        return p
+def _retry_policy(spec: CallSpec) -> RetryPolicy:
     # crashed and timed-out attempts are always followed by one more attempt, which reads the
     # markers and settles the call; the attempt limit applies to definite failures and is
     # enforced inside the activity
@@ -315,8 +359,8 @@ def _retry_policy(t: Tool) -> RetryPolicy:
     # (ApplicationError.next_retry_delay); what Temporal applies is the wait after a crash
     return RetryPolicy(
         initial_interval=CRASH_RETRY_INTERVAL,
-        backoff_coefficient=p.backoff_coefficient,
-        maximum_interval=max(p.maximum_interval or CRASH_RETRY_INTERVAL, CRASH_RETRY_INTERVAL),
+        backoff_coefficient=spec.backoff_coefficient,
+        maximum_interval=max(spec.maximum_interval or CRASH_RETRY_INTERVAL, CRASH_RETRY_INTERVAL),
         maximum_attempts=0,
         non_retryable_error_types=_NON_RETRYABLE,
     )
@@ -326,25 +370,25 @@ class _Interrupted(ToolFailed):
     """The activity was cancelled or timed out without an attempt reporting an outcome."""
 
 
-def _outcome_error(t: Tool, intent: Intent, err: ActivityError) -> ExactcallError:
+def _outcome_error(name: str, intent: Intent, err: ActivityError) -> ExactcallError:
     cause = err.cause
-    fields = {"tool": t.name, "step": intent.step, "key": intent.key, "args_hash": intent.args_hash}
+    fields = {"tool": name, "step": intent.step, "key": intent.key, "args_hash": intent.args_hash}
     if isinstance(cause, ActivityCancelled | ActivityTimedOut):
         return _Interrupted(
-            f"{t.name} {intent.step} was cancelled before an attempt reported: {cause}", **fields
+            f"{name} {intent.step} was cancelled before an attempt reported: {cause}", **fields
         )
     if isinstance(cause, ApplicationError):
         rebuilt = error_from_failure(cause)
         if isinstance(rebuilt, NotExecuted):
             return ToolFailed(
-                f"{t.name} {intent.step} failed and did not happen: {cause.message}",
+                f"{name} {intent.step} failed and did not happen: {cause.message}",
                 **fields,
                 error_type=(rebuilt.fields.get("error_type")),
             )
         if rebuilt is not None:
             return rebuilt
-        return ToolFailed(f"{t.name} {intent.step} failed: {cause.message}", **fields)
-    return ToolFailed(f"{t.name} {intent.step} failed: {err}", **fields)
+        return ToolFailed(f"{name} {intent.step} failed: {cause.message}", **fields)
+    return ToolFailed(f"{name} {intent.step} failed: {err}", **fields)
 
 
 def _typed(t: Tool, value: Any) -> Any:

@@ -22,6 +22,7 @@ __all__ = [
     "UNRESOLVED_ATTRIBUTE",
     "UNRESOLVED_MEMO",
     "CallAbandoned",
+    "CallSpec",
     "Landed",
     "NotLanded",
     "ReconcileInput",
@@ -121,6 +122,20 @@ class Resolution(BaseModel):
     resolution_id: str | None = None
 
 
+class CallSpec(BaseModel):
+    """How the call's tool activity is scheduled: carried in the reconciliation's input, so a
+    re-run and the probe are scheduled from history, never from which tools a worker imported.
+    """
+
+    model_config = _FROZEN
+
+    task_queue: str | None
+    start_to_close_timeout: timedelta
+    heartbeat_timeout: timedelta
+    backoff_coefficient: float
+    maximum_interval: timedelta | None
+
+
 class ReconcileInput(BaseModel):
     model_config = _FROZEN
 
@@ -129,6 +144,8 @@ class ReconcileInput(BaseModel):
     since: datetime
     has_probe: bool
     probe_deadline: timedelta
+    call: CallSpec | None = None
+    """None in reconciliations started before exactcall carried it (they look the tool up)."""
 
 
 class UnresolvedCall(BaseModel):

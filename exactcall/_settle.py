@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from temporalio import workflow
@@ -16,6 +16,7 @@ from ._model import Intent
 from ._reconcile import (
     RECONCILE_WORKFLOW,
     CallAbandoned,
+    CallSpec,
     ReconcileInput,
     Settled,
     reconcile_id,
@@ -31,6 +32,9 @@ __all__ = [
     "SETTLE_PREFIX",
     "OnUnknown",
     "await_verdict",
+    "call_spec",
+    "reconcile_input",
+    "reconcile_start_options",
     "reconciling",
     "settle_activity_id",
     "settled_result",
@@ -50,36 +54,66 @@ RECONCILE_TASK_TIMEOUT = timedelta(seconds=2)
 after Temporal's 10 s default (as the call record's)."""
 
 
+def call_spec(t: Tool) -> CallSpec:
+    """How ``t``'s activity is scheduled (what a reconciliation carries in its input)."""
+    opts = t.options
+    p = opts.retry_policy
+    return CallSpec(
+        task_queue=opts.task_queue,
+        start_to_close_timeout=opts.start_to_close_timeout,
+        heartbeat_timeout=opts.heartbeat_timeout,
+        backoff_coefficient=p.backoff_coefficient,
+        maximum_interval=p.maximum_interval,
+    )
+
+
+def reconcile_input(t: Tool, intent: Intent, reason: str, since: datetime) -> ReconcileInput:
+    """What the reconciliation of ``intent`` needs, all of it in its input."""
+    return ReconcileInput(
+        intent=intent,
+        reason=reason,
+        since=since,
+        has_probe=t.options.reconcile is not None,
+        probe_deadline=t.options.reconcile_deadline,
+        call=call_spec(t),
+    )
+
+
+def reconcile_start_options(inp: ReconcileInput, *, cancelled: bool) -> dict[str, Any]:
+    """Start options of a reconciliation, the same whether the workflow of the call starts it
+    (as a child) or the attempt that found the outcome unknown does (from its client)."""
+    intent = inp.intent
+    return {
+        "id": reconcile_id(intent.key),
+        "task_queue": intent.record_task_queue,
+        "id_reuse_policy": WorkflowIDReusePolicy.REJECT_DUPLICATE,
+        "task_timeout": RECONCILE_TASK_TIMEOUT,
+        "static_summary": call_summary(intent, "reconcile "),
+        "static_details": intent_details(intent, "Reconciliation", [f"- **why** {inp.reason}"]),
+        "memo": {CANCELLED_MEMO: True} if cancelled else None,
+    }
+
+
 async def start_reconciliation(
     t: Tool, intent: Intent, err: AmbiguousOutcome, *, cancelled: bool = False
 ) -> ChildWorkflowHandle[Any, Settled] | None:
-    """Start the reconciliation of the call's key (None: an earlier run started it).
+    """Start the reconciliation of the call's key (None: it runs already, started by the
+    attempt that found the outcome unknown, or by an earlier run of this workflow).
 
     It is a child that outlives its parent. ``cancelled``: the call's workflow cancelled it,
     so a "not landed" verdict releases the key instead of running the call once more.
     """
-    inp = ReconcileInput(
-        intent=intent,
-        reason=str(err.fields.get("reason") or err.message),
-        since=workflow.now(),
-        has_probe=t.options.reconcile is not None,
-        probe_deadline=t.options.reconcile_deadline,
-    )
+    reason = str(err.fields.get("reason") or err.message)
+    inp = reconcile_input(t, intent, reason, workflow.now())
     try:
         return await workflow.start_child_workflow(
             RECONCILE_WORKFLOW,
             inp,
-            id=reconcile_id(intent.key),
-            task_queue=intent.record_task_queue,
             parent_close_policy=ParentClosePolicy.ABANDON,
-            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             result_type=Settled,
-            task_timeout=RECONCILE_TASK_TIMEOUT,
-            static_summary=call_summary(intent, "reconcile "),
-            static_details=intent_details(intent, "Reconciliation", [f"- **why** {inp.reason}"]),
-            memo={CANCELLED_MEMO: True} if cancelled else None,
+            **reconcile_start_options(inp, cancelled=cancelled),
         )
-    except WorkflowAlreadyStartedError:  # an earlier run of this workflow started it
+    except WorkflowAlreadyStartedError:
         return None
 
 

@@ -27,6 +27,7 @@ from exactcall._reconcile import (
     UNRESOLVED_ATTRIBUTE,
     UNRESOLVED_MEMO,
     VERDICT_MEMO,
+    CallSpec,
     ReconcileInput,
     ReconcileState,
     Resolution,
@@ -65,10 +66,9 @@ class Reconcile:
 
     @workflow.run
     async def run(self, inp: ReconcileInput) -> Settled:
-        from exactcall._call import execute_tool_activity
-        from exactcall._tool import get_tool
+        from exactcall._call import execute_call_activity
 
-        tool = get_tool(inp.intent.tool)
+        call = self._call_spec(inp)
         self._reason = inp.reason
         self._input = inp
         if workflow.memo_value(CANCELLED_MEMO, False, type_hint=bool):
@@ -97,7 +97,7 @@ class Reconcile:
             self._phase = "re-running"
             self._note(f"re-running with the same key (decided by {by})")
             try:
-                result = await execute_tool_activity(tool, inp.intent, f"rerun-{reruns}")
+                result = await execute_call_activity(call, inp.intent, f"rerun-{reruns}")
             except ToolFailed as err:
                 return await self._finish(
                     inp,
@@ -138,12 +138,21 @@ class Reconcile:
             self._reason = f"{self._reason} (no probe declared)"
         return await self._park(inp)
 
-    async def _probe(self, inp: ReconcileInput) -> Verdict | None:
+    @staticmethod
+    def _call_spec(inp: ReconcileInput) -> CallSpec:
+        """How the call's activity is scheduled: from the input (reconciliations started
+        before it was carried there look the tool up in this worker's registry)."""
+        if inp.call is not None:
+            return inp.call
+        from exactcall._settle import call_spec
         from exactcall._tool import get_tool
 
+        return call_spec(get_tool(inp.intent.tool))
+
+    async def _probe(self, inp: ReconcileInput) -> Verdict | None:
         self._phase = "probing"
         deadline = inp.probe_deadline
-        heartbeat = get_tool(inp.intent.tool).options.heartbeat_timeout
+        heartbeat = self._call_spec(inp).heartbeat_timeout
         try:
             return await workflow.execute_activity(
                 probe_activity_name(inp.intent.tool),
@@ -257,9 +266,9 @@ class Reconcile:
             reconcile_id=workflow.info().workflow_id,
         )
         workflow.upsert_memo({UNRESOLVED_MEMO: row.model_dump(mode="json") if parked else None})
-        from exactcall._wfstate import current_config
+        from exactcall._wfstate import pinned_search_attributes
 
-        if current_config().search_attributes:
+        if pinned_search_attributes():  # the choice recorded in this history, not the flag
             workflow.upsert_search_attributes([UNRESOLVED_KEY.value_set(parked)])
         self._show()
 

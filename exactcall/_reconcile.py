@@ -16,8 +16,10 @@ from ._errors import ExactcallError, register_error
 from ._model import Intent
 
 __all__ = [
+    "JOINED_SIGNAL",
     "RECONCILE_WORKFLOW",
     "RESOLVE_SIGNAL",
+    "SETTLED_SIGNAL",
     "STATE_QUERY",
     "UNRESOLVED_ATTRIBUTE",
     "UNRESOLVED_MEMO",
@@ -29,6 +31,7 @@ __all__ = [
     "ReconcileState",
     "Resolution",
     "Settled",
+    "SettledNote",
     "Unknown",
     "UnresolvedCall",
     "Verdict",
@@ -38,6 +41,10 @@ __all__ = [
 
 RECONCILE_WORKFLOW = "exactcall.Reconcile"
 RESOLVE_SIGNAL = "exactcall.resolve"
+SETTLED_SIGNAL = "exactcall.settled"
+"""To the call's workflow, from a reconciliation that is not its child: the verdict."""
+JOINED_SIGNAL = "exactcall.joined"
+"""To a reconciliation, from the call's workflow joining it: accepted only while it runs."""
 STATE_QUERY = "exactcall.reconcile_state"
 UNRESOLVED_MEMO = "exactcall.unresolved"
 VERDICT_MEMO = "exactcall.verdict"
@@ -175,6 +182,15 @@ class Settled(BaseModel):
     result: Any = None
     reason: str | None = None
     error_type: str | None = None
+
+
+class SettledNote(BaseModel):
+    """Payload of ``exactcall.settled``: the verdict on one key."""
+
+    model_config = _FROZEN
+
+    key: str
+    settled: Settled
 
 
 class ReconcileState(BaseModel):

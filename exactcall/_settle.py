@@ -14,11 +14,14 @@ from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
 from ._errors import AmbiguousOutcome, ToolFailed
 from ._model import Intent
 from ._reconcile import (
+    JOINED_SIGNAL,
     RECONCILE_WORKFLOW,
+    SETTLED_SIGNAL,
     CallAbandoned,
     CallSpec,
     ReconcileInput,
     Settled,
+    SettledNote,
     reconcile_id,
 )
 from ._tool import Tool
@@ -49,6 +52,9 @@ CANCELLED_SIGNAL = "exactcall.call_cancelled"
 CANCELLED_ERROR = "Cancelled"
 """``Settled.error_type`` of a cancelled call that did not land (its key is released)."""
 SETTLE_PREFIX = "exactcall.settle:"
+SETTLED_BY_SIGNAL = "exactcall.settled-by-signal"
+"""Patch: a joined reconciliation's verdict comes by signal (``_joined``); histories from
+before it waited in an activity."""
 RECONCILE_TASK_TIMEOUT = timedelta(seconds=2)
 """A reconciliation's workflow task held by a worker that died is retried after this, not
 after Temporal's 10 s default (as the call record's)."""
@@ -135,16 +141,46 @@ async def await_verdict(
     workflow.logger.warning("exactcall call.reconciling: %s %s (%s)", t.name, intent.step, cid)
     if child is not None:
         settled: Settled = await asyncio.shield(child)
-    else:
-        settled = await workflow.execute_activity(
-            AWAIT_SETTLED,
-            cid,
-            result_type=Settled,
-            start_to_close_timeout=timedelta(days=3650),
-            heartbeat_timeout=timedelta(seconds=30),
-            retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=30)),
-        )
+    elif workflow.patched(SETTLED_BY_SIGNAL):
+        settled = await _joined(intent)
+    else:  # histories from before SETTLED_BY_SIGNAL
+        settled = await _await_settled(cid)
     return settled_result(t, intent, settled)
+
+
+async def _joined(intent: Intent) -> Settled:
+    """Wait for the verdict of a reconciliation that is not this workflow's child: it signals
+    it to the workflow of the call when it settles. If it settled already (an earlier run's),
+    its result is read at once. No worker slot is held while a parked call waits for a person.
+    """
+    from ._wfstate import state
+
+    st = state()
+    if workflow.get_signal_handler(SETTLED_SIGNAL) is None:
+
+        def on_settled(note: SettledNote) -> None:
+            st.settled[note.key] = note.settled
+
+        workflow.set_signal_handler(SETTLED_SIGNAL, on_settled)
+    cid = reconcile_id(intent.key)
+    try:  # accepted only while it runs: then its verdict reaches this run, which is current
+        await workflow.get_external_workflow_handle(cid).signal(JOINED_SIGNAL)
+    except FailureError:
+        if intent.key not in st.settled:
+            return await _await_settled(cid)  # it has closed: its result is there
+    await workflow.wait_condition(lambda: intent.key in st.settled)
+    return st.settled.pop(intent.key)
+
+
+async def _await_settled(cid: str) -> Settled:
+    return await workflow.execute_activity(
+        AWAIT_SETTLED,
+        cid,
+        result_type=Settled,
+        start_to_close_timeout=timedelta(days=3650),
+        heartbeat_timeout=timedelta(seconds=30),
+        retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=30)),
+    )
 
 
 async def tell_cancelled(intent: Intent) -> None:

@@ -116,6 +116,8 @@ class WorkflowState:
     """Read-only calls in flight by key: (args hash, the activity), so concurrent reads with
     one explicit key are one activity (its id is derived from the key)."""
     published: bool = False
+    settled: dict[str, Any] = field(default_factory=dict)
+    """Verdicts that joined reconciliations signalled, by key (see ``_settle``)."""
     search_attributes_choice: bool | None = None
     """This run's pinned choice (see SEARCH_ATTRIBUTES_ON_PATCH), once made."""
 

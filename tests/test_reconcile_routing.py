@@ -63,6 +63,41 @@ async def test_the_attempt_that_finds_the_outcome_unknown_routes_it(
     assert len([p for p in bank.payments() if p["to_account"] == who]) == 1
 
 
+async def test_a_waiting_agent_gets_the_verdict_by_signal_holding_no_worker_slot(
+    client: Client, worker: Worker, tq: str, bank: Bank, who: str
+) -> None:
+    """While the call is parked the agent has no activity running (nothing occupies a worker
+    slot for days); a person's verdict reaches it as the reconciliation's signal."""
+    h = await start_agent(client, tq, plan(step("pay_then_explode", bank.url, 8, who)))
+    row = await eventually(
+        lambda: reconciliation.find(client, h.id, "pay_then_explode#1"),
+        lambda r: r is not None,
+        timeout=20,
+    )
+    desc = await h.describe()
+    assert not desc.raw_description.pending_activities, "an activity waits for the verdict"
+    await reconciliation.resolve(
+        client, h.id, "pay_then_explode#1", "landed", result={"id": 1}, by="ops"
+    )
+    [out] = await h.result()
+    assert out["ok"] == {"id": 1}, out
+    events = [e async for e in h.fetch_history_events()]
+    signals = [
+        e.workflow_execution_signaled_event_attributes.signal_name
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+    ]
+    assert "exactcall.settled" in signals
+    scheduled = [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    ]
+    assert scheduled == ["pay_then_explode"]
+    assert len([p for p in bank.payments() if p["to_account"] == who]) == 1
+    assert row.reconcile_id.startswith("exactcall-reconcile-")
+
+
 GHOST_RUNS: list[dict[str, Any]] = []
 
 

@@ -15,14 +15,16 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 from exactcall._errors import AmbiguousOutcome, ToolFailed
 from exactcall._metrics import reconciliation_parked, reconciliation_verdict
 from exactcall._model import Owner, RecordEvent
 from exactcall._reconcile import (
+    JOINED_SIGNAL,
     RECONCILE_WORKFLOW,
     RESOLVE_SIGNAL,
+    SETTLED_SIGNAL,
     STATE_QUERY,
     UNRESOLVED_ATTRIBUTE,
     UNRESOLVED_MEMO,
@@ -32,6 +34,7 @@ from exactcall._reconcile import (
     ReconcileState,
     Resolution,
     Settled,
+    SettledNote,
     UnresolvedCall,
     Verdict,
 )
@@ -45,6 +48,8 @@ __all__ = ["PROBE_PREFIX", "Reconcile", "probe_activity_name"]
 PROBE_PREFIX = "exactcall.probe."
 UNRESOLVED_KEY = SearchAttributeKey.for_bool(UNRESOLVED_ATTRIBUTE)
 MAX_PROBE_RERUNS = 1
+TELLS_THE_CALL = "exactcall.reconcile-tells-the-call"
+"""Patch: a reconciliation that is not a child signals its verdict to the call's workflow."""
 
 
 def probe_activity_name(tool: str) -> str:
@@ -242,7 +247,25 @@ class Reconcile:
             {VERDICT_MEMO: {"verdict": s.verdict, "outcome": s.outcome, "by": s.decided_by}}
         )
         self._note(f"settled: {s.outcome} ({s.verdict}, decided by {s.decided_by})")
+        if workflow.info().parent is None and workflow.patched(TELLS_THE_CALL):
+            await self._tell_the_call(inp, s)
         return s
+
+    @staticmethod
+    async def _tell_the_call(inp: ReconcileInput, s: Settled) -> None:
+        """Not started as a child (the attempt that found the outcome unknown started it):
+        the workflow of the call gets the verdict by signal, if it still runs."""
+        note = SettledNote(key=inp.intent.key, settled=s)
+        handle = workflow.get_external_workflow_handle(inp.intent.workflow_id)
+        try:
+            await handle.signal(SETTLED_SIGNAL, note)
+        except FailureError:
+            workflow.logger.info("exactcall reconcile: the call's workflow has ended")
+
+    @workflow.signal(name=JOINED_SIGNAL)
+    def joined(self) -> None:
+        """The call's workflow waits for the verdict (the signal is accepted only while this
+        runs, which is what it learns from it)."""
 
     async def _mark(self, inp: ReconcileInput, kind: str, **fields: Any) -> None:
         owner = Owner(run_id=workflow.info().run_id, activity_id="reconcile")

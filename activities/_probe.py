@@ -8,6 +8,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 
 from exactcall.workflows import probe_activity_name
+from exactcall.workflows._unknown import AWAIT_SETTLED
 from temporalio import activity
 from temporalio.client import WorkflowFailureError
 
@@ -15,9 +16,8 @@ from exactcall._context import running
 from exactcall._crash import maybe_crash
 from exactcall._errors import ExactcallError
 from exactcall._model import Intent
-from exactcall._reconcile import Settled, Verdict, to_verdict
-from exactcall._settle import AWAIT_SETTLED
 from exactcall._tool import Tool
+from exactcall._verdicts import Settled, Verdict, to_verdict
 
 __all__ = ["await_settled", "probe_activity"]
 

@@ -29,11 +29,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
+from exactcall.approvals._binding import ApprovalMissing
+from exactcall.workflows._approval_wait import needs_approval
+from exactcall.workflows._unknown import SETTLE_PREFIX, reconcile_input, reconcile_start_options
 from temporalio import activity
 from temporalio.client import AsyncActivityCancelledError, AsyncActivityHandle
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 
-from exactcall._approval import ApprovalMissing
 from exactcall._canonical import args_hash, derive_key, to_json_value
 from exactcall._context import running
 from exactcall._crash import maybe_crash, note_execution
@@ -47,10 +49,8 @@ from exactcall._errors import (
 )
 from exactcall._metrics import observed_attempt
 from exactcall._model import Intent, Owner, RecordEvent
-from exactcall._reconcile import RECONCILE_WORKFLOW, CallAbandoned, reconcile_id
-from exactcall._settle import SETTLE_PREFIX, reconcile_input, reconcile_start_options
 from exactcall._tool import Tool
-from exactcall._wait import needs_approval
+from exactcall._verdicts import RECONCILE_WORKFLOW, CallAbandoned, reconcile_id
 
 from ._cancelling import BY_WORKFLOW, Cancellation, ToolCancelled, durably
 from ._records import Record, RecordView

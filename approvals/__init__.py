@@ -6,7 +6,7 @@ canonical arguments. These functions send decisions and read pending calls; the 
 CLI is a thin layer over them.
 """
 
-from exactcall._approval import (
+from ._binding import (
     DECIDE_SIGNAL,
     PENDING_ATTRIBUTE,
     PENDING_MEMO,
@@ -22,7 +22,6 @@ from exactcall._approval import (
     DecisionRecord,
     signed_payload,
 )
-
 from ._client import (
     DecisionResult,
     approve,

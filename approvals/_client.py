@@ -20,7 +20,10 @@ from temporalio.api.workflowservice.v1 import (
 from temporalio.client import Client
 from temporalio.converter import WorkflowSerializationContext
 
-from exactcall._approval import (
+from exactcall._canonical import args_hash
+from exactcall._confirm import confirm_by_query
+
+from ._binding import (
     DECIDE_SIGNAL,
     PENDING_ATTRIBUTE,
     PENDING_MEMO,
@@ -31,8 +34,6 @@ from exactcall._approval import (
     DecisionRecord,
     signed_payload,
 )
-from exactcall._canonical import args_hash
-from exactcall._confirm import confirm_by_query
 
 __all__ = [
     "DecisionResult",

@@ -13,8 +13,6 @@ knows what the previous one did; a call that may have happened is never re-run b
     receipt = await exactcall.call(pay, amount=10, to="alice")
 """
 
-from ._approval import ApprovalDenied, ApprovalExpired, ApprovalMissing
-from ._call import call, call_with
 from ._canonical import args_hash, canonical_json, derive_key, to_json_value
 from ._context import current_intent, idempotency_headers, idempotency_key
 from ._errors import (
@@ -31,8 +29,10 @@ from ._errors import (
 )
 from ._model import Intent, RecordState
 from ._plugin import Plugin
-from ._reconcile import CallAbandoned, Landed, NotLanded, Unknown
 from ._tool import Tool, ToolOptions, get_tool, intent_hash, registered_tools, tool
+from ._verdicts import CallAbandoned, Landed, NotLanded, Unknown
+from .approvals._binding import ApprovalDenied, ApprovalExpired, ApprovalMissing
+from .workflows._call import call, call_with
 
 __version__ = "0.1.0"
 

@@ -140,10 +140,11 @@ def _parser() -> argparse.ArgumentParser:
     _cli_telemetry.add_args(w)
     _connection_args(w)
 
-    from . import _cli_approvals, _cli_reconcile
+    from . import _cli_resolve
+    from .approvals import _cli as _cli_approvals
 
     _cli_approvals.add_parsers(sub, _connection_args)
-    _cli_reconcile.add_parsers(sub, _connection_args)
+    _cli_resolve.add_parsers(sub, _connection_args)
     from . import _cli_mcp
 
     _cli_mcp.add_parsers(sub, _connection_args)
@@ -300,8 +301,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _client_command(ns: argparse.Namespace) -> int:
-    from . import _cli_approvals, _cli_reconcile
+    from . import _cli_resolve
     from ._worker import connect
+    from .approvals import _cli as _cli_approvals
 
     try:
         client = await connect(_connection(ns))
@@ -309,7 +311,7 @@ async def _client_command(ns: argparse.Namespace) -> int:
         print(f"exactcall: cannot reach Temporal: {exc}", file=sys.stderr)
         return 1
     if ns.command in ("unresolved", "resolve"):
-        return await _cli_reconcile.run(ns, client)
+        return await _cli_resolve.run(ns, client)
     return await _cli_approvals.run(ns, client)
 
 

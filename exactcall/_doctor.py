@@ -90,8 +90,8 @@ async def _server(conn: Connection) -> dict[str, Any]:
 
 def _tools(modules: list[str]) -> dict[str, Any]:
     """The tools in ``modules``, and what their approval options rely on without signing."""
-    from ._approval import unsigned_identity_warnings
     from ._worker import load_tools
+    from .approvals._binding import unsigned_identity_warnings
 
     tools = load_tools(modules)
     return {

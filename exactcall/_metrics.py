@@ -24,11 +24,11 @@ from temporalio import activity, workflow
 from temporalio.common import MetricMeter
 from temporalio.exceptions import ApplicationError
 
-from ._approval import ApprovalDenied, ApprovalExpired, ApprovalMissing
 from ._errors import AmbiguousOutcome, IntentConflict, InvalidCall, NotExecuted
 from ._errors import ResultNotSerializable as _Unserializable
-from ._reconcile import CallAbandoned
 from ._tracing import call_span
+from ._verdicts import CallAbandoned
+from .approvals._binding import ApprovalDenied, ApprovalExpired, ApprovalMissing
 
 if TYPE_CHECKING:
     from exactcall.activities._runner import Attempt

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from ._approval import ApprovalGrant
+from .approvals._binding import ApprovalGrant
 
 __all__ = ["Intent", "Owner", "RecordEvent", "RecordInit", "RecordState"]
 

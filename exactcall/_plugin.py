@@ -36,11 +36,11 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 from exactcall.activities import await_settled, probe_activity, tool_activity
 from exactcall.workflows import CallRecord, Reconcile
 
-from ._approval import PENDING_ATTRIBUTE, ed25519_verifier, unsigned_identity_warnings
 from ._errors import ExactcallError
-from ._reconcile import UNRESOLVED_ATTRIBUTE
 from ._tool import Tool, registered_tools
-from ._wfstate import WorkflowConfig, inbound_class
+from ._verdicts import UNRESOLVED_ATTRIBUTE
+from .approvals._binding import PENDING_ATTRIBUTE, ed25519_verifier, unsigned_identity_warnings
+from .workflows._state import WorkflowConfig, inbound_class
 
 __all__ = [
     "SEARCH_ATTRIBUTES",

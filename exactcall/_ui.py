@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from ._approval import PENDING_ATTRIBUTE, ApprovalRequest
 from ._model import Intent
-from ._reconcile import RECONCILE_WORKFLOW, UNRESOLVED_ATTRIBUTE
+from ._verdicts import RECONCILE_WORKFLOW, UNRESOLVED_ATTRIBUTE
+from .approvals._binding import PENDING_ATTRIBUTE, ApprovalRequest
 
 __all__ = [
     "DETAILS_LIMIT",

@@ -50,13 +50,13 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         f"exactcall.langgraph needs LangGraph ({exc}): pip install 'exactcall[langgraph]'"
     ) from exc
 
-from ._approval import ApprovalDenied, ApprovalExpired, ApprovalMissing
-from ._call import call_with
 from ._canonical import args_hash, derive_key
 from ._errors import ExactcallError, IntentConflict, InvalidCall, ToolFailed
-from ._reconcile import CallAbandoned
 from ._tool import Tool, resolve_tool
-from ._wfstate import state
+from ._verdicts import CallAbandoned
+from .approvals._binding import ApprovalDenied, ApprovalExpired, ApprovalMissing
+from .workflows._call import call_with
+from .workflows._state import state
 
 __all__ = [
     "APPROVAL_INTERRUPT",

@@ -42,10 +42,10 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "pip install 'exactcall[openai-agents]'"
     ) from exc
 
-from ._approval import ApprovalMissing
-from ._call import call_with
 from ._errors import ExactcallError, InvalidCall, PluginNotInstalled, register_error
 from ._tool import KEY_PARAM, Tool, resolve_tool
+from .approvals._binding import ApprovalMissing
+from .workflows._call import call_with
 
 __all__ = ["ApprovalMismatch", "approve", "function_tool", "intent_hash"]
 

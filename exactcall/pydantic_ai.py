@@ -45,12 +45,12 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "pip install 'exactcall[pydantic-ai]'"
     ) from exc
 
-from ._approval import ApprovalDenied, ApprovalExpired, ApprovalMissing
-from ._call import call_with
 from ._canonical import args_hash
 from ._errors import AmbiguousOutcome, IntentConflict, InvalidCall, ToolFailed
-from ._reconcile import CallAbandoned
 from ._tool import KEY_PARAM, Tool, resolve_tool
+from ._verdicts import CallAbandoned
+from .approvals._binding import ApprovalDenied, ApprovalExpired, ApprovalMissing
+from .workflows._call import call_with
 
 __all__ = ["ARGS_HASH", "ExactcallToolset", "approve", "toolset"]
 

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from temporalio.client import Client
 
 from ._confirm import confirm_by_query
-from ._reconcile import (
+from ._verdicts import (
     RESOLVE_SIGNAL,
     STATE_QUERY,
     UNRESOLVED_ATTRIBUTE,

@@ -26,8 +26,8 @@ from temporalio.worker import Worker
 import exactcall
 from exactcall import Intent, RecordState, approvals, reconciliation
 from exactcall._model import RecordEvent
-from exactcall._reconcile import Settled
 from exactcall._server import DevServer
+from exactcall._verdicts import Settled
 from exactcall._worker import build_worker
 from exactcall.demo.bank import Bank
 from exactcall.testing import WorkerProcess, assert_replays

@@ -16,7 +16,7 @@ import exactcall
 from exactcall import reconciliation
 from exactcall._canonical import args_hash, derive_key
 from exactcall._model import Intent, Owner
-from exactcall._reconcile import (
+from exactcall._verdicts import (
     RECONCILE_WORKFLOW,
     RESOLVE_SIGNAL,
     CallSpec,

@@ -2,8 +2,8 @@
 
 ``exactcall.Plugin(search_attributes=...)`` is a worker-level flag; a rolling change of it would
 make a replaying worker drop (or add) upsert commands and fail the run with a nondeterminism
-error. The first upsert records the choice as a patch marker (exactcall._wfstate), and replays
-follow the marker whatever the replaying worker's flag.
+error. The first upsert records the choice as a patch marker (exactcall.workflows._state), and
+replays follow the marker whatever the replaying worker's flag.
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ import json
 from typing import Any
 
 import pytest
+from exactcall.approvals._binding import PENDING_ATTRIBUTE
+from exactcall.workflows._state import SEARCH_ATTRIBUTES_OFF_PATCH, SEARCH_ATTRIBUTES_ON_PATCH
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHistory
 from temporalio.worker import Replayer
 
 import exactcall
 from exactcall import approvals
-from exactcall._approval import PENDING_ATTRIBUTE
 from exactcall._server import DevServer
-from exactcall._wfstate import SEARCH_ATTRIBUTES_OFF_PATCH, SEARCH_ATTRIBUTES_ON_PATCH
 from exactcall._worker import Connection, connect
 from exactcall.demo.bank import Bank
 from tests.conftest import plan, running_worker, start_agent, step

@@ -1,6 +1,6 @@
 """exactcall's own workflows (installed as ``exactcall.workflows``)."""
 
-from ._reconcile import PROBE_PREFIX, Reconcile, probe_activity_name
+from ._reconciliation import PROBE_PREFIX, Reconcile, probe_activity_name
 from ._record import MARK_SIGNAL, RECORD_WORKFLOW, STATE_QUERY, CallRecord, record_id
 
 __all__ = [

@@ -1,8 +1,11 @@
 """The call record: one small workflow per derived key, whose workflow id is the key.
 
 Workflow id uniqueness makes it the claim on a key across runs, resets and continue-as-new;
-its history is the durable marker store every attempt reads. Temporal stays the only store.
-The record completes (with the final state) once the call is done; while the outcome is
+its history is the durable marker store every attempt reads. The protocol: this module names
+the record (``record_id``, ``MARK_SIGNAL``) and writes markers from workflow code;
+``activities/_records.py`` claims, marks and reads it from an activity; the markers and their
+fold are ``RecordEvent`` and ``RecordState`` (``exactcall/_model.py``). Temporal stays the
+only store. The record completes (with the final state) once the call is done; while the outcome is
 unknown it stays open, so it is listed until someone settles it.
 """
 
@@ -13,7 +16,14 @@ from temporalio.exceptions import ApplicationError
 
 from exactcall._model import RecordEvent, RecordInit, RecordState
 
-__all__ = ["MARK_SIGNAL", "RECORD_WORKFLOW", "STATE_QUERY", "CallRecord", "record_id"]
+__all__ = [
+    "MARK_SIGNAL",
+    "RECORD_WORKFLOW",
+    "STATE_QUERY",
+    "CallRecord",
+    "mark_from_workflow",
+    "record_id",
+]
 
 RECORD_WORKFLOW = "exactcall.CallRecord"
 MARK_SIGNAL = "exactcall.mark"
@@ -23,6 +33,12 @@ STATE_QUERY = "exactcall.state"
 def record_id(key: str) -> str:
     """Workflow id of the record of ``key``."""
     return f"exactcall-call-{key}"
+
+
+async def mark_from_workflow(key: str, event: RecordEvent) -> None:
+    """Write a marker to the record of ``key`` from workflow code (the reconciliation); an
+    attempt writes them from its activity with ``exactcall.activities._records.Record``."""
+    await workflow.get_external_workflow_handle(record_id(key)).signal(MARK_SIGNAL, event)
 
 
 @workflow.defn(name=RECORD_WORKFLOW, sandboxed=False)  # pure code over exactcall's models

@@ -32,8 +32,8 @@ from temporalio.envconfig import ClientConfig
 from temporalio.exceptions import ApplicationError
 
 from exactcall._plugin import Plugin
-from exactcall._reconcile import Settled
 from exactcall._server import DevServer, port_open, state_dir
+from exactcall._verdicts import Settled
 from exactcall._worker import Connection, build_worker, connect
 
 from ._proxy_workflow import AWAIT_SETTLED, ApprovedProxyCall, ProxyCall, proxy_tool

@@ -40,8 +40,8 @@ from exactcall._errors import (
     PluginNotInstalled,
     ToolFailed,
 )
-from exactcall._reconcile import CallAbandoned, Settled
-from exactcall._wfstate import state
+from exactcall._verdicts import CallAbandoned, Settled
+from exactcall.workflows._state import state
 
 __all__ = [
     "APPROVED_WORKFLOW",

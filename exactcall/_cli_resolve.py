@@ -10,7 +10,7 @@ from typing import Any
 
 from temporalio.client import Client
 
-from ._cli_approvals import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, _confirm
+from .approvals._cli import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, _confirm
 from .reconciliation import UnresolvedCall, find, list_unresolved, resolve
 
 __all__ = ["add_parsers", "run"]

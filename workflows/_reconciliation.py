@@ -20,7 +20,9 @@ from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 from exactcall._errors import AmbiguousOutcome, ToolFailed
 from exactcall._metrics import reconciliation_parked, reconciliation_verdict
 from exactcall._model import Owner, RecordEvent
-from exactcall._reconcile import (
+from exactcall._tool import get_tool
+from exactcall._ui import parked_details
+from exactcall._verdicts import (
     JOINED_SIGNAL,
     RECONCILE_WORKFLOW,
     RESOLVE_SIGNAL,
@@ -38,10 +40,11 @@ from exactcall._reconcile import (
     UnresolvedCall,
     Verdict,
 )
-from exactcall._settle import CANCELLED_ERROR, CANCELLED_MEMO, CANCELLED_SIGNAL
-from exactcall._ui import parked_details
 
-from ._record import MARK_SIGNAL, record_id
+from ._call import execute_call_activity
+from ._record import mark_from_workflow
+from ._state import pinned_search_attributes
+from ._unknown import CANCELLED_ERROR, CANCELLED_MEMO, CANCELLED_SIGNAL, call_spec
 
 __all__ = ["PROBE_PREFIX", "Reconcile", "probe_activity_name"]
 
@@ -71,8 +74,6 @@ class Reconcile:
 
     @workflow.run
     async def run(self, inp: ReconcileInput) -> Settled:
-        from exactcall._call import execute_call_activity
-
         call = self._call_spec(inp)
         self._reason = inp.reason
         self._input = inp
@@ -149,9 +150,6 @@ class Reconcile:
         before it was carried there look the tool up in this worker's registry)."""
         if inp.call is not None:
             return inp.call
-        from exactcall._settle import call_spec
-        from exactcall._tool import get_tool
-
         return call_spec(get_tool(inp.intent.tool))
 
     async def _probe(self, inp: ReconcileInput) -> Verdict | None:
@@ -270,9 +268,7 @@ class Reconcile:
     async def _mark(self, inp: ReconcileInput, kind: str, **fields: Any) -> None:
         owner = Owner(run_id=workflow.info().run_id, activity_id="reconcile")
         ev = RecordEvent(kind=kind, owner=owner, attempt=0, **fields)  # type: ignore[arg-type]
-        await workflow.get_external_workflow_handle(record_id(inp.intent.key)).signal(
-            MARK_SIGNAL, ev
-        )
+        await mark_from_workflow(inp.intent.key, ev)
 
     def _publish(self, inp: ReconcileInput, parked: bool) -> None:
         self._parked = parked
@@ -289,8 +285,6 @@ class Reconcile:
             reconcile_id=workflow.info().workflow_id,
         )
         workflow.upsert_memo({UNRESOLVED_MEMO: row.model_dump(mode="json") if parked else None})
-        from exactcall._wfstate import pinned_search_attributes
-
         if pinned_search_attributes():  # the choice recorded in this history, not the flag
             workflow.upsert_search_attributes([UNRESOLVED_KEY.value_set(parked)])
         self._show()

@@ -24,8 +24,8 @@ from temporalio.exceptions import CancelledError as ActivityCancelled
 from temporalio.exceptions import TimeoutError as ActivityTimedOut
 from temporalio.workflow import ActivityCancellationType
 
-from ._canonical import args_hash, derive_key
-from ._errors import (
+from exactcall._canonical import args_hash, derive_key
+from exactcall._errors import (
     AmbiguousOutcome,
     ExactcallError,
     IntentConflict,
@@ -34,10 +34,14 @@ from ._errors import (
     ToolFailed,
     error_from_failure,
 )
-from ._metrics import CALLS, count, observed_approval
-from ._model import Intent
-from ._reconcile import CallSpec
-from ._settle import (
+from exactcall._metrics import CALLS, count, observed_approval
+from exactcall._model import Intent
+from exactcall._tool import Tool, resolve_tool
+from exactcall._verdicts import CallSpec
+
+from ._approval_wait import needs_approval, wait_for_approval
+from ._state import Flight, cancellation_reaches_calls, state
+from ._unknown import (
     OnUnknown,
     await_verdict,
     call_spec,
@@ -46,9 +50,6 @@ from ._settle import (
     start_reconciliation,
     tell_cancelled,
 )
-from ._tool import Tool, resolve_tool
-from ._wait import needs_approval, wait_for_approval
-from ._wfstate import Flight, cancellation_reaches_calls, state
 
 __all__ = ["call", "call_with", "execute_call_activity", "intent_of"]
 

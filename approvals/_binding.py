@@ -24,8 +24,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from ._canonical import canonical_json
-from ._errors import ExactcallError, register_error
+from exactcall._canonical import canonical_json
+from exactcall._errors import ExactcallError, register_error
 
 __all__ = [
     "DECIDE_SIGNAL",

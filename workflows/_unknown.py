@@ -11,9 +11,11 @@ from temporalio.common import RetryPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import FailureError, WorkflowAlreadyStartedError
 from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
 
-from ._errors import AmbiguousOutcome, ToolFailed
-from ._model import Intent
-from ._reconcile import (
+from exactcall._errors import AmbiguousOutcome, ToolFailed
+from exactcall._model import Intent
+from exactcall._tool import Tool
+from exactcall._ui import call_summary, intent_details
+from exactcall._verdicts import (
     JOINED_SIGNAL,
     RECONCILE_WORKFLOW,
     SETTLED_SIGNAL,
@@ -24,8 +26,8 @@ from ._reconcile import (
     SettledNote,
     reconcile_id,
 )
-from ._tool import Tool
-from ._ui import call_summary, intent_details
+
+from ._state import state
 
 __all__ = [
     "AWAIT_SETTLED",
@@ -153,8 +155,6 @@ async def _joined(intent: Intent) -> Settled:
     it to the workflow of the call when it settles. If it settled already (an earlier run's),
     its result is read at once. No worker slot is held while a parked call waits for a person.
     """
-    from ._wfstate import state
-
     st = state()
     if workflow.get_signal_handler(SETTLED_SIGNAL) is None:
 

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import asyncio
 
-from temporalio import workflow
-
-from ._approval import (
+from exactcall.approvals._binding import (
     REQUESTED_BY_MEMO,
     ApprovalDenied,
     ApprovalExpired,
     ApprovalGrant,
     ApprovalRequest,
 )
-from ._errors import ExactcallError
-from ._model import Intent
-from ._tool import Tool
-from ._ui import PENDING_MARK, pending_details, with_pending
-from ._wfstate import WorkflowState, state
+from temporalio import workflow
+
+from exactcall._errors import ExactcallError
+from exactcall._model import Intent
+from exactcall._tool import Tool
+from exactcall._ui import PENDING_MARK, pending_details, with_pending
+
+from ._state import WorkflowState, state
 
 __all__ = ["needs_approval", "show_pending", "wait_for_approval"]
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from temporalio.client import Client
 
-from .approvals import (
+from . import (
     ApprovalRequest,
     DecisionResult,
     decide,
@@ -210,7 +210,7 @@ async def _preapprove(client: Client, ns: argparse.Namespace) -> int:
     if not isinstance(args, dict):
         print("exactcall approve: --args must be a JSON object of named arguments", file=sys.stderr)
         return EXIT_USAGE
-    from ._canonical import args_hash
+    from exactcall._canonical import args_hash
 
     h = args_hash(ns.tool, args)
     print(f"pre-approve {ns.tool}({json.dumps(args, sort_keys=True)})\nargs hash {h}")

@@ -12,6 +12,16 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from exactcall.approvals._binding import (
+    DECIDE_SIGNAL,
+    PENDING_ATTRIBUTE,
+    PENDING_MEMO,
+    QUERY,
+    ApprovalBook,
+    ApprovalsView,
+    Decision,
+    Verifier,
+)
 from temporalio import workflow
 from temporalio.api.common.v1 import Payload
 from temporalio.common import SearchAttributeKey
@@ -23,18 +33,8 @@ from temporalio.worker import (
     WorkflowOutboundInterceptor,
 )
 
-from ._approval import (
-    DECIDE_SIGNAL,
-    PENDING_ATTRIBUTE,
-    PENDING_MEMO,
-    QUERY,
-    ApprovalBook,
-    ApprovalsView,
-    Decision,
-    Verifier,
-)
-from ._errors import PluginNotInstalled
-from ._model import Intent
+from exactcall._errors import PluginNotInstalled
+from exactcall._model import Intent
 
 __all__ = [
     "CANCEL_PATCH",

@@ -14,7 +14,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from exactcall._model import Intent, Owner, RecordEvent, RecordInit, RecordState
-from exactcall._ui import call_summary, intent_details
+from exactcall._ui import call_summary
 
 __all__ = ["RECORD_START_DELAY", "Record", "RecordView"]
 
@@ -59,8 +59,9 @@ class Record:
                     "workflow_id": intent.workflow_id,
                     "args_hash": intent.args_hash,
                 },
+                # a summary only: the intent is the record's input, which the UI shows (its
+                # markdown details would add ~1 KB to every call's history)
                 static_summary=call_summary(intent),
-                static_details=intent_details(intent, "Call record"),
                 # the record runs no code while its call is settling: markers are signals and
                 # readers fold its history, so no worker time is spent per call and no task is
                 # ever in flight (signals reaching a workflow with a task in flight are

@@ -229,14 +229,16 @@ class Attempt:
             return False
         both = asyncio.gather(
             self.record.claim(self.owner, self.info.attempt),
-            self._beat({"phase": "calling", "attempt": self.info.attempt}),
+            # to the server only: the keepalive beats through the worker while the tool runs,
+            # well within the heartbeat timeout, so this saves a request per call
+            self._beat({"phase": "calling", "attempt": self.info.attempt}, via_worker=False),
         )
         claimed, _ = await durably(both, self.cancel.by_worker)  # a claim is never torn
         return bool(claimed)
 
     async def _call(self, beat: bool = True, maybe_called: bool = False) -> Any:
         if beat:
-            await self._beat({"phase": "calling", "attempt": self.info.attempt})
+            await self._beat({"phase": "calling", "attempt": self.info.attempt}, via_worker=False)
         if self.cancel.why:
             return await self.cancel.before_call(maybe_called)
         maybe_crash("in_call", self.intent.tool, self.info.attempt, self.intent.step)

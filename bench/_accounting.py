@@ -1,0 +1,163 @@
+"""Phase 5 of ``bench/overhead.py``: what one call costs the server, counted, not timed.
+
+* **requests per call**: the dev server's own ``service_requests`` counter (Prometheus,
+  ``--metrics-port``) of its frontend in the bench's namespace (the history service counts
+  each request again), by operation, before and after ``n`` one-call workflows per mode run
+  one after the other; the factor is checked, not assumed: bare's ``StartWorkflowExecution``
+  count per workflow (1). This phase's own ``CountWorkflowExecutions`` and
+  ``DescribeWorkflowExecution`` are left out.
+  The record's deferred workflow task (it starts 5 minutes after the call) is counted too:
+  during this phase the record starts 1 s after its claim, and the count is taken once every
+  record has closed.
+* **history bytes per call**: ``history_size_bytes`` of one finished workflow per mode, plus,
+  for exactcall, its call record's (once closed).
+* **charged throughput**: on this CPU-bound machine, calls/s follow the CPU a call costs, so
+  the steady-state ratio is bare's CPU per call over exactcall's (this process: client and
+  worker; plus the dev server), with the records' deferred tasks run inside the window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import urllib.request
+from collections import defaultdict
+from datetime import timedelta
+from typing import Any
+
+from exactcall.activities import _records
+from exactcall.workflows import RECORD_WORKFLOW, record_id
+from temporalio.client import Client
+
+from exactcall._canonical import derive_key
+
+_LINE = re.compile(r"^service_requests\{(?P<labels>[^}]*)\}\s+(?P<value>[0-9.e+]+)$")
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+BENCH_OWN = {"CountWorkflowExecutions", "DescribeWorkflowExecution"}
+"""Requests this phase makes itself to watch the records close, not caused by the calls."""
+WORKER_OWN = {"PollWorkflowTaskQueue", "PollActivityTaskQueue", "RecordWorkerHeartbeat"}
+REPORT_DELAY_S = 1.5
+"""The server reports its counters every second: wait that out before each reading."""
+RECORD_DELAY = timedelta(seconds=1)
+
+
+def scrape(url: str, namespace: str) -> dict[str, float]:
+    """``service_requests`` to the frontend in ``namespace``, by operation (what clients and
+    workers sent; the history service counts them again)."""
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    out: dict[str, float] = defaultdict(float)
+    for line in text.splitlines():
+        m = _LINE.match(line)
+        if not m:
+            continue
+        labels = dict(_LABEL.findall(m.group("labels")))
+        op = labels.get("operation", "?")
+        frontend = labels.get("service_name") == "frontend"
+        if frontend and labels.get("namespace") == namespace and op not in BENCH_OWN:
+            out[op] += float(m.group("value"))
+    return dict(out)
+
+
+def diff(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0) > 0}
+
+
+async def records_open(client: Client, task_queue: str) -> int:
+    q = (
+        f"WorkflowType = '{RECORD_WORKFLOW}' AND TaskQueue = '{task_queue}' "
+        "AND ExecutionStatus = 'Running'"
+    )
+    return (await client.count_workflows(q)).count
+
+
+async def until_records_closed(client: Client, task_queue: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    await asyncio.sleep(RECORD_DELAY.total_seconds() + 0.5)
+    while await records_open(client, task_queue) and time.monotonic() < deadline:
+        await asyncio.sleep(0.25)
+    await asyncio.sleep(0.5)  # the record's last task completion reaches the counter
+
+
+async def history_bytes(client: Client, workflow_id: str) -> int:
+    desc = await client.get_workflow_handle(workflow_id).describe()
+    return int(desc.raw_description.workflow_execution_info.history_size_bytes)
+
+
+async def account(bench: Any, metrics_url: str | None, n: int) -> dict[str, Any]:
+    """Requests, history bytes and charged CPU per call, bare and exactcall."""
+    client: Client = bench.client
+    tq = bench.task_queue
+    saved = _records.RECORD_START_DELAY
+    _records.RECORD_START_DELAY = RECORD_DELAY  # the record's deferred task runs in the window
+    out: dict[str, Any] = {"n": n, "record_delay_s": RECORD_DELAY.total_seconds()}
+    ns = client.namespace
+    try:
+        await bench.meter.calibrate()  # the idle rates now, after phases 1-4
+        for mode in ("bare", "exactcall"):
+            await asyncio.sleep(REPORT_DELAY_S)
+            before_req = scrape(metrics_url, ns) if metrics_url else None
+            before_cpu = bench.meter.snap()
+            last_id = ""
+            for _ in range(n):
+                last_id = await run_one(bench, mode)
+            if mode == "exactcall":
+                await until_records_closed(client, tq)
+            else:
+                await asyncio.sleep(RECORD_DELAY.total_seconds() + 1.0)  # the same window
+            cpu = bench.meter.per_op_ms(before_cpu, bench.meter.snap(), n)
+            row: dict[str, Any] = {
+                "cpu": cpu,
+                "history_bytes": await history_bytes(client, last_id),
+            }
+            if mode == "exactcall":
+                key = derive_key(client.namespace, last_id, "ec_work#1", "ec_work", "1")
+                row["record_history_bytes"] = await history_bytes(client, record_id(key))
+            if before_req is not None and metrics_url:
+                await asyncio.sleep(REPORT_DELAY_S)
+                row["requests"] = diff(scrape(metrics_url, ns), before_req)
+            out[mode] = row
+    finally:
+        _records.RECORD_START_DELAY = saved
+    return with_ratios(out)
+
+
+async def run_one(bench: Any, mode: str) -> str:
+    import uuid
+
+    wid = f"bench-acct-{mode}-{uuid.uuid4().hex}"
+    handle = await bench.client.start_workflow(
+        bench.workflow(mode), 1, id=wid, task_queue=bench.task_queue
+    )
+    await asyncio.wait_for(handle.result(), bench.timeout)
+    return wid
+
+
+def with_ratios(out: dict[str, Any]) -> dict[str, Any]:
+    n = out["n"]
+    bare, ec = out["bare"], out["exactcall"]
+    ec_bytes = ec["history_bytes"] + ec.get("record_history_bytes", 0)
+    out["history_bytes_ratio"] = ec_bytes / bare["history_bytes"]
+
+    def total_cpu(row: dict[str, Any]) -> float:
+        c = row["cpu"]
+        return c["cpu_ms_per_call_process"] + c.get("cpu_ms_per_call_server", 0.0)
+
+    out["throughput_charged_ratio"] = total_cpu(bare) / total_cpu(ec)
+    if "requests" in bare and "requests" in ec:
+        factor = bare["requests"].get("StartWorkflowExecution", 0) / n
+        out["metric_counts_each_request"] = factor
+        if factor:
+            per_call = {
+                op: (ec["requests"].get(op, 0) - bare["requests"].get(op, 0)) / n / factor
+                for op in sorted(set(ec["requests"]) | set(bare["requests"]))
+            }
+            out["extra_requests_by_operation"] = {
+                op: round(v, 2) for op, v in per_call.items() if abs(v) >= 0.05
+            }
+            # polls are a worker asking for work (one per task it gets, plus idle re-polls);
+            # worker heartbeats are per worker and second: neither is a request of the call's
+            caused = {k: v for k, v in per_call.items() if k not in WORKER_OWN}
+            out["extra_requests_per_call"] = round(sum(caused.values()), 2)
+            out["extra_requests_with_polls"] = round(sum(per_call.values()), 2)
+    return out

@@ -13,7 +13,9 @@
   for exactcall, its call record's (once closed).
 * **charged throughput**: on this CPU-bound machine, calls/s follow the CPU a call costs, so
   the steady-state ratio is bare's CPU per call over exactcall's (this process: client and
-  worker; plus the dev server), with the records' deferred tasks run inside the window.
+  worker; plus the dev server), measured over ``m`` one-call workflows at once per mode and
+  a window that ends 2.5 s after the last result, in which the records' deferred tasks run
+  (``records_open_at_end`` says if any had not).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import re
 import time
 import urllib.request
 from collections import defaultdict
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from exactcall.activities import _records
@@ -63,18 +65,21 @@ def diff(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
     return {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0) > 0}
 
 
-async def records_open(client: Client, task_queue: str) -> int:
+async def records_open(client: Client, task_queue: str, since: datetime) -> int:
+    """Records claimed since ``since`` still open (earlier phases' wait out 5 minutes)."""
     q = (
         f"WorkflowType = '{RECORD_WORKFLOW}' AND TaskQueue = '{task_queue}' "
-        "AND ExecutionStatus = 'Running'"
+        f"AND ExecutionStatus = 'Running' AND StartTime >= '{since.isoformat()}'"
     )
     return (await client.count_workflows(q)).count
 
 
-async def until_records_closed(client: Client, task_queue: str, timeout: float = 60) -> None:
+async def until_records_closed(
+    client: Client, task_queue: str, since: datetime, timeout: float = 60
+) -> None:
     deadline = time.monotonic() + timeout
     await asyncio.sleep(RECORD_DELAY.total_seconds() + 0.5)
-    while await records_open(client, task_queue) and time.monotonic() < deadline:
+    while await records_open(client, task_queue, since) and time.monotonic() < deadline:
         await asyncio.sleep(0.25)
     await asyncio.sleep(0.5)  # the record's last task completion reaches the counter
 
@@ -84,39 +89,43 @@ async def history_bytes(client: Client, workflow_id: str) -> int:
     return int(desc.raw_description.workflow_execution_info.history_size_bytes)
 
 
-async def account(bench: Any, metrics_url: str | None, n: int) -> dict[str, Any]:
-    """Requests, history bytes and charged CPU per call, bare and exactcall."""
+async def account(bench: Any, metrics_url: str | None, n: int, m: int) -> dict[str, Any]:
+    """Requests and history bytes per call (``n`` sequential one-call workflows per mode),
+    and CPU per call with the records' deferred tasks (``m`` at once per mode)."""
     client: Client = bench.client
     tq = bench.task_queue
     saved = _records.RECORD_START_DELAY
     _records.RECORD_START_DELAY = RECORD_DELAY  # the record's deferred task runs in the window
-    out: dict[str, Any] = {"n": n, "record_delay_s": RECORD_DELAY.total_seconds()}
+    out: dict[str, Any] = {"n": n, "m": m, "record_delay_s": RECORD_DELAY.total_seconds()}
     ns = client.namespace
     try:
-        await bench.meter.calibrate()  # the idle rates now, after phases 1-4
         for mode in ("bare", "exactcall"):
             await asyncio.sleep(REPORT_DELAY_S)
             before_req = scrape(metrics_url, ns) if metrics_url else None
-            before_cpu = bench.meter.snap()
-            last_id = ""
+            last_id, since = "", datetime.now(UTC)
             for _ in range(n):
                 last_id = await run_one(bench, mode)
             if mode == "exactcall":
-                await until_records_closed(client, tq)
-            else:
-                await asyncio.sleep(RECORD_DELAY.total_seconds() + 1.0)  # the same window
-            cpu = bench.meter.per_op_ms(before_cpu, bench.meter.snap(), n)
-            row: dict[str, Any] = {
-                "cpu": cpu,
-                "history_bytes": await history_bytes(client, last_id),
-            }
+                await until_records_closed(client, tq, since)
+            row: dict[str, Any] = {"history_bytes": await history_bytes(client, last_id)}
             if mode == "exactcall":
-                key = derive_key(client.namespace, last_id, "ec_work#1", "ec_work", "1")
+                key = derive_key(ns, last_id, "ec_work#1", "ec_work", "1")
                 row["record_history_bytes"] = await history_bytes(client, record_id(key))
             if before_req is not None and metrics_url:
                 await asyncio.sleep(REPORT_DELAY_S)
                 row["requests"] = diff(scrape(metrics_url, ns), before_req)
             out[mode] = row
+        await bench.meter.calibrate()  # the idle rates now, after phases 1-4
+        settle = RECORD_DELAY.total_seconds() + 1.5
+        for mode in ("bare", "exactcall"):
+            before, since = bench.meter.snap(), datetime.now(UTC)
+            await asyncio.gather(*(run_one(bench, mode) for _ in range(m)))
+            await asyncio.sleep(settle)  # the same window for both: the records run in it
+            left = await records_open(client, tq, since) if mode == "exactcall" else 0
+            out[mode]["cpu"] = bench.meter.per_op_ms(before, bench.meter.snap(), m)
+            out[mode]["records_open_at_end"] = left
+            if mode == "exactcall":
+                await until_records_closed(client, tq, since)
     finally:
         _records.RECORD_START_DELAY = saved
     return with_ratios(out)

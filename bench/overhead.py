@@ -1015,10 +1015,11 @@ async def amain(args: argparse.Namespace) -> int:
                     from _accounting import account
 
                     log(
-                        f"5. accounting: {args.accounting_n} one-call workflows per mode, server "
-                        "requests (its own metrics), history bytes, CPU with the records' tasks"
+                        f"5. accounting: {args.accounting_n} one-call workflows per mode (server "
+                        f"requests, history bytes), then {args.m} at once (CPU per call, with "
+                        "the records' deferred tasks)"
                     )
-                    raw["accounting"] = await account(bench, metrics_url, args.accounting_n)
+                    raw["accounting"] = await account(bench, metrics_url, args.accounting_n, args.m)
                 raw["idle_cpu_per_s"] = {
                     "process": bench.meter.idle_process,
                     "server": bench.meter.idle_server,

@@ -102,9 +102,10 @@ async def account(bench: Any, metrics_url: str | None, n: int, m: int) -> dict[s
         for mode in ("bare", "exactcall"):
             await asyncio.sleep(REPORT_DELAY_S)
             before_req = scrape(metrics_url, ns) if metrics_url else None
-            last_id, since = "", datetime.now(UTC)
+            since = datetime.now(UTC)
             for _ in range(n):
-                last_id = await run_one(bench, mode)
+                await bench.run_one(mode, 1)
+            last_id = bench.last_id
             if mode == "exactcall":
                 await until_records_closed(client, tq, since)
             row: dict[str, Any] = {"history_bytes": await history_bytes(client, last_id)}
@@ -119,7 +120,7 @@ async def account(bench: Any, metrics_url: str | None, n: int, m: int) -> dict[s
         settle = RECORD_DELAY.total_seconds() + 1.5
         for mode in ("bare", "exactcall"):
             before, since = bench.meter.snap(), datetime.now(UTC)
-            await asyncio.gather(*(run_one(bench, mode) for _ in range(m)))
+            await asyncio.gather(*(bench.run_one(mode, 1) for _ in range(m)))
             await asyncio.sleep(settle)  # the same window for both: the records run in it
             left = await records_open(client, tq, since) if mode == "exactcall" else 0
             out[mode]["cpu"] = bench.meter.per_op_ms(before, bench.meter.snap(), m)
@@ -129,17 +130,6 @@ async def account(bench: Any, metrics_url: str | None, n: int, m: int) -> dict[s
     finally:
         _records.RECORD_START_DELAY = saved
     return with_ratios(out)
-
-
-async def run_one(bench: Any, mode: str) -> str:
-    import uuid
-
-    wid = f"bench-acct-{mode}-{uuid.uuid4().hex}"
-    handle = await bench.client.start_workflow(
-        bench.workflow(mode), 1, id=wid, task_queue=bench.task_queue
-    )
-    await asyncio.wait_for(handle.result(), bench.timeout)
-    return wid
 
 
 def with_ratios(out: dict[str, Any]) -> dict[str, Any]:

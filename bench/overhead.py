@@ -158,6 +158,7 @@ class Bench:
     task_queue: str
     meter: CpuMeter
     timeout: float = 120.0  # per workflow: a stuck run fails the bench instead of hanging it
+    last_id: str = ""  # the workflow id of the last run_one that finished
 
     def workflow(self, mode: str) -> Any:
         from _bench_workflows import BareCalls, ExactCalls
@@ -174,6 +175,7 @@ class Bench:
             task_queue=task_queue or self.task_queue,
         )
         await asyncio.wait_for(handle.result(), self.timeout)
+        self.last_id = handle.id
         return time.perf_counter() - t0
 
     async def concurrent(

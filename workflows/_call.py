@@ -57,9 +57,6 @@ MAX_KEY_LENGTH = 200
 CRASH_RETRY_INTERVAL = timedelta(milliseconds=200)
 """Temporal's wait before the attempt that follows a crashed one (it reads the markers and
 settles the call; it does not call the tool blindly)."""
-JOINS_STARTED_RECONCILIATION = "exactcall.joins-started-reconciliation"
-"""Patch: a cancelled call whose reconciliation was already running (started by the attempt
-that found the outcome unknown) tells it so; histories from before it never signalled."""
 _WAIT = ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
 _NON_RETRYABLE = [
     "AmbiguousOutcome",
@@ -248,10 +245,7 @@ async def _reconcile(
     was_cancelled = flight.cancelled
     try:
         child = await start_reconciliation(t, intent, err, cancelled=was_cancelled)
-        joined = child is None and workflow.patched(JOINS_STARTED_RECONCILIATION)
-        if flight.cancelled and (joined or not was_cancelled):
-            # a reconciliation that was already running (the attempt that found the outcome
-            # unknown started it) has not been told about the cancellation yet
+        if flight.cancelled and not was_cancelled:
             await tell_cancelled(intent)
     finally:
         flight.interruptible = True
@@ -276,9 +270,7 @@ async def _settle_cancelled(t: Tool, intent: Intent, flight: Flight) -> Any:
     try:
         return await execute_tool_activity(t, intent, settle_activity_id(base), _WAIT)
     except AmbiguousOutcome as err:
-        child = await start_reconciliation(t, intent, err, cancelled=True)
-        if child is None and workflow.patched(JOINS_STARTED_RECONCILIATION):
-            await tell_cancelled(intent)
+        await start_reconciliation(t, intent, err, cancelled=True)
         raise reconciling(err, intent) from None
 
 

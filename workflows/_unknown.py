@@ -54,6 +54,9 @@ CANCELLED_SIGNAL = "exactcall.call_cancelled"
 CANCELLED_ERROR = "Cancelled"
 """``Settled.error_type`` of a cancelled call that did not land (its key is released)."""
 SETTLE_PREFIX = "exactcall.settle:"
+JOINS_STARTED_RECONCILIATION = "exactcall.joins-started-reconciliation"
+"""Patch: a cancelled call whose reconciliation was already running (started by the attempt
+that found the outcome unknown) tells it so; histories from before it never signalled."""
 SETTLED_BY_SIGNAL = "exactcall.settled-by-signal"
 """Patch: a joined reconciliation's verdict comes by signal (``_joined``); histories from
 before it waited in an activity."""
@@ -109,7 +112,8 @@ async def start_reconciliation(
     attempt that found the outcome unknown, or by an earlier run of this workflow).
 
     It is a child that outlives its parent. ``cancelled``: the call's workflow cancelled it,
-    so a "not landed" verdict releases the key instead of running the call once more.
+    so a "not landed" verdict releases the key instead of running the call once more; one
+    that runs already is told so by signal.
     """
     reason = str(err.fields.get("reason") or err.message)
     inp = reconcile_input(t, intent, reason, workflow.now())
@@ -122,6 +126,8 @@ async def start_reconciliation(
             **reconcile_start_options(inp, cancelled=cancelled),
         )
     except WorkflowAlreadyStartedError:
+        if cancelled and workflow.patched(JOINS_STARTED_RECONCILIATION):
+            await tell_cancelled(intent)
         return None
 
 

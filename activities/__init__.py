@@ -1,8 +1,15 @@
 """exactcall's activities (installed as ``exactcall.activities``): the tool activity that runs
 one attempt of a call, and client-side access to call records."""
 
-from ._probe import await_settled, probe_activity
+from ._probe import await_settled, mark_record, probe_activity
 from ._records import Record, RecordView
 from ._runner import tool_activity
 
-__all__ = ["Record", "RecordView", "await_settled", "probe_activity", "tool_activity"]
+__all__ = [
+    "Record",
+    "RecordView",
+    "await_settled",
+    "mark_record",
+    "probe_activity",
+    "tool_activity",
+]

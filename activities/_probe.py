@@ -1,4 +1,5 @@
-"""Activities of reconciliation: a tool's probe, and waiting for a settlement."""
+"""Activities of reconciliation: a tool's probe, waiting for a settlement, and writing a
+verdict to the call's record."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import contextlib
 import inspect
 from collections.abc import Awaitable, Callable
 
-from exactcall.workflows import probe_activity_name
+from exactcall.workflows import MARK_RECORD, probe_activity_name
 from exactcall.workflows._unknown import AWAIT_SETTLED
 from temporalio import activity
 from temporalio.client import WorkflowFailureError
@@ -15,11 +16,13 @@ from temporalio.client import WorkflowFailureError
 from exactcall._context import running
 from exactcall._crash import maybe_crash
 from exactcall._errors import ExactcallError
-from exactcall._model import Intent
+from exactcall._model import Intent, RecordEvent
 from exactcall._tool import Tool
 from exactcall._verdicts import Settled, Verdict, to_verdict
 
-__all__ = ["await_settled", "probe_activity"]
+from ._records import Record
+
+__all__ = ["await_settled", "mark_record", "probe_activity"]
 
 
 def probe_activity(t: Tool) -> Callable[[Intent], Awaitable[Verdict]]:
@@ -68,3 +71,10 @@ async def await_settled(reconcile_workflow_id: str) -> Settled:
             result.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await result
+
+
+@activity.defn(name=MARK_RECORD)
+async def mark_record(intent: Intent, event: RecordEvent) -> None:
+    """Write a marker to the record of ``intent``'s key from workflow code (a reconciliation's
+    verdict), opening the record again if it has closed."""
+    await Record(activity.client(), intent).mark(event)

@@ -1,10 +1,30 @@
-"""Client-side access to call records: claim a key, write markers, read what a key says."""
+"""The record protocol, client side: claim a key, write markers, read what a key says.
+
+A record is a workflow whose id is derived from the key (``record_id``), so claiming it is
+atomic across runs, resets and re-runs. It never runs code: it starts with a start delay
+longer than its lifetime (``RECORD_LIFETIME``), so it closes by itself, timed out, with no
+worker task and no request. Its history is the marker store:
+
+* **claim**: the record's start, whose input is the intent and the attempt chain that is
+  about to call the tool (``RecordInit``);
+* **markers**: ``exactcall.mark`` signals (``RecordEvent``), written when an attempt fails,
+  is released, finds the outcome unknown, or cannot report its result to its own workflow,
+  and by the reconciliation's verdicts. A record that closed is opened again for a marker:
+  a new run under the same id, whose input carries the state so far;
+* **done**: on the happy path nothing is written after the claim. The owner's activity
+  completed with the result, and that completion is in the owner run's history, which a
+  reader consults when the record says ``calling`` (``Record.read``).
+
+Markers fold with ``RecordState.apply`` (``exactcall/_model.py``). Workflow code writes them
+through the ``exactcall.mark_record`` activity (``activities/_probe.py``), the same code.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from exactcall.workflows import MARK_SIGNAL, RECORD_WORKFLOW, record_id
 from temporalio.api.enums.v1 import EventType, PendingWorkflowTaskState
@@ -13,12 +33,27 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from exactcall._errors import ExactcallError
 from exactcall._model import Intent, Owner, RecordEvent, RecordInit, RecordState
 from exactcall._ui import call_summary
+from exactcall._verdicts import reconcile_id
 
-__all__ = ["RECORD_START_DELAY", "Record", "RecordView"]
+__all__ = ["RECORD_LIFETIME", "Record", "RecordView", "record_timing"]
 
-RECORD_START_DELAY = timedelta(minutes=5)
+RECORD_LIFETIME = timedelta(minutes=5)
+"""How long a record stays open after it is claimed (or opened again). It then closes by
+itself (status "timed out": the server closes it, no worker runs anything). Markers that
+come later open it again, so this bounds nothing but how long it is listed as running."""
+NEVER_STARTS = timedelta(days=3650)
+"""A record's start delay: longer than its lifetime, so its workflow code never runs."""
+REOPEN_STALE = 0.5
+"""Share of the lifetime after which a read made to open a record again is read anew (a run
+opened by another writer after that read could otherwise have closed already)."""
+
+
+def record_timing() -> dict[str, Any]:
+    """The start options that make a record close by itself without a worker task."""
+    return {"start_delay": NEVER_STARTS, "execution_timeout": RECORD_LIFETIME}
 
 
 @dataclass(frozen=True)
@@ -44,55 +79,94 @@ class Record:
 
     async def claim(self, owner: Owner, attempt: int) -> bool:
         """Create the record (the pre-call marker). False if the key already has one."""
-        intent = self._intent
         try:
-            await self._client.start_workflow(
-                RECORD_WORKFLOW,
-                RecordInit(intent=intent, owner=owner, attempt=attempt),
-                id=self.id,
-                task_queue=intent.record_task_queue,
-                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-                id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
-                memo={
-                    "tool": intent.tool,
-                    "step": intent.step,
-                    "workflow_id": intent.workflow_id,
-                    "args_hash": intent.args_hash,
-                },
-                # a summary only: the intent is the record's input, which the UI shows (its
-                # markdown details would add ~1 KB to every call's history)
-                static_summary=call_summary(intent),
-                # the record runs no code while its call is settling: markers are signals and
-                # readers fold its history, so no worker time is spent per call and no task is
-                # ever in flight (signals reaching a workflow with a task in flight are
-                # buffered out of its history). After the delay it closes once done.
-                start_delay=RECORD_START_DELAY,
-                # a record's tasks are trivial: if a worker dies holding one, the server takes
-                # it back quickly
-                task_timeout=timedelta(seconds=2),
+            await self._start(
+                RecordInit(intent=self._intent, owner=owner, attempt=attempt),
+                WorkflowIDReusePolicy.REJECT_DUPLICATE,
             )
         except WorkflowAlreadyStartedError:
             return False
         return True
 
+    async def _start(self, init: RecordInit, reuse: WorkflowIDReusePolicy) -> None:
+        await self._client.start_workflow(
+            RECORD_WORKFLOW,
+            init,
+            id=self.id,
+            task_queue=init.intent.record_task_queue,
+            id_reuse_policy=reuse,
+            id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+            # a summary only: the intent is the record's input, which the UI shows
+            static_summary=call_summary(init.intent),
+            **record_timing(),
+        )
+
     async def mark(self, event: RecordEvent, *, tries: int = 5) -> None:
-        """Write a marker durably (a signal is in history when the call returns)."""
+        """Write a marker durably (it is in the record's history when this returns)."""
         delay = 0.2
         for i in range(tries):
             try:
                 await self.handle.signal(MARK_SIGNAL, event)
                 return
-            except RPCError:
+            except RPCError as exc:
+                if exc.status == RPCStatusCode.NOT_FOUND:  # closed (or gone): open it again
+                    if await self._reopen(event):
+                        return
+                    continue  # another writer opened it meanwhile: signal that run
                 if i == tries - 1:
                     raise
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
+        raise ExactcallError(
+            f"could not write the {event.kind!r} marker to the record of key "
+            f"{self._intent.key}: it kept closing and opening again ({tries} tries)"
+        )
+
+    async def _reopen(self, event: RecordEvent) -> bool:
+        """Open a closed record again, as a new run whose input is its state with ``event``
+        applied. False if another writer opened it first."""
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        view = await self._fold()
+        if loop.time() - began > REOPEN_STALE * RECORD_LIFETIME.total_seconds():
+            return False  # read again: a run opened meanwhile may have closed since
+        if view is not None and not view.closed:
+            return False  # open after all (opened by another writer): signal it
+        if view is None:  # no record (gone with retention): start one from this marker
+            init = RecordInit(intent=self._intent, owner=event.owner, attempt=event.attempt)
+            state, since = RecordState.start(init).apply(event), datetime.now(UTC)
+        else:
+            state, since = view.state.apply(event), view.since
+        init = RecordInit(
+            intent=state.intent, owner=state.owner, attempt=event.attempt, state=state, since=since
+        )
+        try:
+            await self._start(init, WorkflowIDReusePolicy.ALLOW_DUPLICATE)
+        except WorkflowAlreadyStartedError:
+            return False
+        return True
 
     async def read(self) -> RecordView | None:
-        """Fold the record's history into its state; None if the key has no record.
+        """What the key says; None if it has no record.
+
+        The markers, and, while they say ``calling``, the owner's own activity: when it
+        completed, its result is the call's (the happy path writes no marker after the
+        claim).
+        """
+        view = await self._fold()
+        if view is None or view.state.phase != "calling":
+            return view
+        done = await self._owner_completed(view.state)
+        if done is None:
+            return view
+        return replace(view, state=view.state.apply(done))
+
+    async def _fold(self) -> RecordView | None:
+        """Fold the latest run's history into its state (markers only).
 
         Signals that reach a workflow while one of its tasks is in flight are buffered out of
-        its history until that task ends; so wait until no record task is in flight first.
+        its history until that task ends (records written before they stopped running code
+        did run tasks); so wait until no record task is in flight first.
         """
         if not await self._settled_history():
             return None
@@ -106,7 +180,7 @@ class Record:
                     attrs = ev.workflow_execution_started_event_attributes
                     [init] = await conv.decode(attrs.input.payloads, [RecordInit])
                     state = RecordState.start(init)
-                    since = ev.event_time.ToDatetime().replace(tzinfo=UTC)
+                    since = init.since or ev.event_time.ToDatetime().replace(tzinfo=UTC)
                 elif ev.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
                     attrs_s = ev.workflow_execution_signaled_event_attributes
                     if attrs_s.signal_name == MARK_SIGNAL and state is not None:
@@ -121,6 +195,37 @@ class Record:
         if state is None or since is None:
             return None
         return RecordView(state=state, since=since, closed=closed)
+
+    async def _owner_completed(self, state: RecordState) -> RecordEvent | None:
+        """The owner's activity completion, as a ``done`` marker; None if it has none (yet).
+
+        The owner is a run of the call's workflow, or of the key's reconciliation (a re-run).
+        """
+        owner = state.owner
+        conv = self._client.data_converter
+        for wid in (state.intent.workflow_id, reconcile_id(state.intent.key)):
+            handle = self._client.get_workflow_handle(wid, run_id=owner.run_id)
+            scheduled: set[int] = set()
+            try:
+                async for ev in handle.fetch_history_events():
+                    if ev.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                        attrs = ev.activity_task_scheduled_event_attributes
+                        if attrs.activity_id == owner.activity_id:
+                            scheduled.add(ev.event_id)
+                    elif ev.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+                        done = ev.activity_task_completed_event_attributes
+                        if done.scheduled_event_id in scheduled:
+                            payloads = done.result.payloads
+                            values = await conv.decode(payloads) if payloads else [None]
+                            return RecordEvent(
+                                kind="done", owner=owner, attempt=0, result=values[0]
+                            )
+            except RPCError as exc:
+                if exc.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.INVALID_ARGUMENT):
+                    continue  # not this workflow's run
+                raise
+            return None  # the owner's run, with no completion of its activity (yet)
+        return None
 
     async def _settled_history(self, limit: float = 30.0) -> bool:
         """False if there is no record; otherwise wait until no task of it is in flight."""

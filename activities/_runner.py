@@ -8,8 +8,12 @@ Markers, in the order they are written (each is durable before the next step run
    proves this attempt is still the live one (a stale attempt's heartbeat is refused);
 3. the tool runs, heartbeated by exactcall while it does (synchronously, and through the
    worker, which otherwise times the attempt out after heartbeat_timeout + a few seconds);
-4. the record gets ``done`` with the result (or ``released`` when the tool says it did not
-   happen, or ``unknown``).
+4. the attempt completes its activity with the result, by its task token: the completion,
+   in the owner run's history, is the ``done`` marker that a reader of the record finds
+   (``Record.read``); nothing more is written. Only when that cannot be (the attempt was not
+   the one that claimed the record, it was cancelled, or the server refused the completion:
+   the run was reset or closed, or the attempt timed out) does the record get ``done`` with
+   the result. It gets ``released`` when the tool says it did not happen, and ``unknown``.
 
 An attempt that finds (1) without (2) from its own chain knows the tool was never called.
 One that finds (2), or (1) from another chain, knows the tool may have been called: it
@@ -59,6 +63,9 @@ __all__ = ["tool_activity"]
 
 log = structlog.get_logger("exactcall")
 
+REPORTED: Any = object()
+"""An attempt's return value when it completed its activity itself (by task token)."""
+
 
 def tool_activity(t: Tool) -> Callable[[Intent], Awaitable[Any]]:
     """The Temporal activity (named like the tool) that runs ``t`` under exactcall."""
@@ -66,7 +73,10 @@ def tool_activity(t: Tool) -> Callable[[Intent], Awaitable[Any]]:
     async def run(intent: Intent) -> Any:
         attempt = Attempt(t, intent)
         with observed_attempt(attempt):  # the call's outcome metric, and its span
-            return await attempt.run()
+            result = await attempt.run()
+        if result is REPORTED:  # completed by its task token already: nothing to send
+            activity.raise_complete_async()
+        return result
 
     run.__name__ = run.__qualname__ = f"exactcall_tool_{t.name}"
     run.__doc__ = f"exactcall tool activity for {t.name!r}"
@@ -78,6 +88,8 @@ class Attempt:
 
     deduplicated = False
     """The record already had the call's result (for the outcome metric and span)."""
+    claimed = False
+    """This attempt created the call's record (its completion will be the done marker)."""
 
     def __init__(self, t: Tool, intent: Intent) -> None:
         info = activity.info()
@@ -136,6 +148,7 @@ class Attempt:
             view = await self.record.read()
         if view is None:  # a record that vanished (retention): claim it anew
             if await self.record.claim(self.owner, self.info.attempt):
+                self.claimed = True
                 return await self._call()
             view = await self._must_read()
         state = view.state
@@ -234,7 +247,8 @@ class Attempt:
             self._beat({"phase": "calling", "attempt": self.info.attempt}, via_worker=False),
         )
         claimed, _ = await durably(both, self.cancel.by_worker)  # a claim is never torn
-        return bool(claimed)
+        self.claimed = bool(claimed)
+        return self.claimed
 
     async def _call(self, beat: bool = True, maybe_called: bool = False) -> Any:
         if beat:
@@ -257,10 +271,23 @@ class Attempt:
                 "Return JSON data, a pydantic model or a dataclass.",
                 **self._fields(),
             ) from None
-        await self._done(value)
+        reported = self.claimed and not self.cancel.why and await self._report(value)
+        if not reported:
+            await self._done(value)
         maybe_crash("after_record", self.intent.tool, self.info.attempt, self.intent.step)
         self.log.info("tool.executed")
-        return value
+        return REPORTED if reported else value
+
+    async def _report(self, value: Any) -> bool:
+        """Complete this activity with the call's result, by its task token: the completion
+        is the call's done marker (in the owner run's history). False if the server refused
+        it (the run was reset or closed, or this attempt timed out): the record keeps it."""
+        try:
+            await durably(self.handle.complete(value), self.cancel.by_worker)
+        except Exception as exc:
+            self.log.warning("tool.completion_refused", error=_describe(exc))
+            return False
+        return True
 
     async def _invoke(self, beat_phase: str) -> Any:
         t = self.tool

@@ -94,8 +94,8 @@ async def account(bench: Any, metrics_url: str | None, n: int, m: int) -> dict[s
     and CPU per call with the records' deferred tasks (``m`` at once per mode)."""
     client: Client = bench.client
     tq = bench.task_queue
-    saved = _records.RECORD_START_DELAY
-    _records.RECORD_START_DELAY = RECORD_DELAY  # the record's deferred task runs in the window
+    saved = _records.RECORD_LIFETIME
+    _records.RECORD_LIFETIME = RECORD_DELAY  # the records close (by themselves) in the window
     out: dict[str, Any] = {"n": n, "m": m, "record_delay_s": RECORD_DELAY.total_seconds()}
     ns = client.namespace
     try:
@@ -128,7 +128,7 @@ async def account(bench: Any, metrics_url: str | None, n: int, m: int) -> dict[s
             if mode == "exactcall":
                 await until_records_closed(client, tq, since)
     finally:
-        _records.RECORD_START_DELAY = saved
+        _records.RECORD_LIFETIME = saved
     return with_ratios(out)
 
 

@@ -1,8 +1,5 @@
 """Workflows and the tool of ``bench/overhead.py``. Sandbox-safe: importing it has no side
-effects beyond defining the tool (an idempotent registration in exactcall's registry).
-``SandboxedRecord`` (profile only) is exactcall's record workflow run inside the sandbox, as it
-was before ``CallRecord`` became ``sandboxed=False``; it lives here because a sandboxed
-workflow's module is re-imported inside the sandbox."""
+effects beyond defining the tool (an idempotent registration in exactcall's registry)."""
 
 from __future__ import annotations
 
@@ -11,10 +8,7 @@ from datetime import timedelta
 from temporalio import activity, workflow
 
 with workflow.unsafe.imports_passed_through():
-    from exactcall.workflows import RECORD_WORKFLOW, CallRecord
-
     import exactcall
-    from exactcall._model import RecordInit, RecordState
 
 
 async def work(n: int) -> dict:
@@ -50,12 +44,3 @@ class ExactCalls:
         for i in range(count):
             await exactcall.call("ec_work", i)
         return count
-
-
-@workflow.defn(name=RECORD_WORKFLOW, sandboxed=True)
-class SandboxedRecord(CallRecord):
-    """exactcall's record workflow, unchanged, but run inside the sandbox (profile only)."""
-
-    @workflow.run
-    async def run(self, init: RecordInit) -> RecordState:
-        return await super().run(init)

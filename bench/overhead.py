@@ -37,9 +37,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from exactcall.activities._records import RECORD_START_DELAY
 from exactcall.workflows import RECORD_WORKFLOW
-from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 
 from exactcall._model import Intent, RecordInit
 
@@ -391,37 +389,27 @@ def fmt(v: float | None) -> str:
 
 
 # -- profile: an instrumented copy of the tool activity ------------------------------------
-RECORD_DELAY = timedelta(seconds=1)  # the short delay of the "CPU charged" variant
+RECORD_DELAY = timedelta(seconds=1)  # the records' lifetime while the profile runs
 
 
 @dataclass(frozen=True)
 class Variant:
     """A change to the package's protocol (the first attempt's fast path only). The package
-    claims the record and sends the pre-call heartbeat at once, starts the record with
-    ``start_delay=RECORD_START_DELAY`` and runs it outside the sandbox; each flag undoes or
-    changes one of those."""
+    claims the record and sends the pre-call heartbeat at once, and the attempt that claimed
+    the record completes its activity by task token (the completion is the done marker);
+    each flag undoes or changes one of those."""
 
     name: str
     sequential: bool = False  # claim, then the pre-call heartbeat (before the gather)
-    delay: timedelta | None = RECORD_START_DELAY  # the record's start_delay (None: none)
-    sandboxed: bool = False  # the record workflow inside the sandbox
-    eager: bool = False  # start the record with request_eager_start=True
     no_beat: bool = False  # no pre-call heartbeat (changes the protocol: see README)
-
-    @property
-    def copies_claim(self) -> bool:
-        return self.eager or self.delay != RECORD_START_DELAY
+    done_marker: bool = False  # write "done" to the record as well (the 0.x protocol)
 
 
 VARIANTS = (
     Variant("as-is (instrumented copy)"),
     Variant("claim, then heartbeat", sequential=True),
-    Variant("undelayed record", delay=None),
-    Variant("sandboxed record wf", sandboxed=True),
-    Variant("old protocol (seq+undel+sbx)", sequential=True, delay=None, sandboxed=True),
-    Variant(f"record delay {RECORD_DELAY.total_seconds():g}s (charged)", delay=RECORD_DELAY),
-    Variant("eager start, undelayed", eager=True, delay=None),
     Variant("no pre-call heartbeat", no_beat=True),
+    Variant("done marker too (0.x)", done_marker=True),
 )
 
 
@@ -430,21 +418,18 @@ class Sink:
     """What the instrumented copy measured, per config."""
 
     stages: defaultdict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
-    eager: list[bool] = field(default_factory=list)
     last_intent: Any = None
 
     def clear(self) -> None:
         self.stages.clear()
-        self.eager.clear()
 
 
 def timed_activity_factory() -> Callable[[Any, Variant, Sink], Callable[..., Awaitable[Any]]]:
     """Subclasses of exactcall's Attempt and Record that time each step (imported late; the
     package is not edited). Variants change only the fast path of a first attempt."""
     from exactcall.activities._records import Record
-    from exactcall.activities._runner import Attempt
+    from exactcall.activities._runner import REPORTED, Attempt
     from temporalio import activity
-    from temporalio.exceptions import WorkflowAlreadyStartedError
 
     class TimedRecord(Record):
         def __init__(self, client: Any, intent: Any, variant: Variant, sink: Sink) -> None:
@@ -454,42 +439,9 @@ def timed_activity_factory() -> Callable[[Any, Variant, Sink], Callable[..., Awa
         async def claim(self, owner: Any, attempt: int) -> bool:
             t0 = time.perf_counter()
             try:
-                if not self.variant.copies_claim:
-                    return await super().claim(owner, attempt)
-                return await self._claim_copy(owner, attempt)
+                return await super().claim(owner, attempt)
             finally:
                 self.sink.stages["claim: start record wf RPC"].append(time.perf_counter() - t0)
-
-        async def _claim_copy(self, owner: Any, attempt: int) -> bool:
-            """Record.claim, with another start_delay (or none) or request_eager_start."""
-            intent = self._intent
-            extra: dict[str, Any] = {"task_timeout": timedelta(seconds=2)}
-            if self.variant.eager:
-                extra["request_eager_start"] = True
-            if self.variant.delay is not None:
-                extra["start_delay"] = self.variant.delay
-            try:
-                handle = await self._client.start_workflow(
-                    RECORD_WORKFLOW,
-                    RecordInit(intent=intent, owner=owner, attempt=attempt),
-                    id=self.id,
-                    task_queue=intent.record_task_queue,
-                    id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-                    id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
-                    memo={
-                        "tool": intent.tool,
-                        "step": intent.step,
-                        "workflow_id": intent.workflow_id,
-                        "args_hash": intent.args_hash,
-                    },
-                    static_summary=f"{intent.tool} {intent.step} of {intent.workflow_id}",
-                    **extra,
-                )
-            except WorkflowAlreadyStartedError:
-                return False
-            if self.variant.eager:
-                self.sink.eager.append(bool(getattr(handle, "__temporal_eagerly_started", False)))
-            return True
 
         async def mark(self, event: Any, *, tries: int = 5) -> None:
             t0 = time.perf_counter()
@@ -525,14 +477,23 @@ def timed_activity_factory() -> Callable[[Any, Variant, Sink], Callable[..., Awa
             self.sink.stages["claim, then heartbeat"].append(time.perf_counter() - t0)
             return claimed
 
-        async def _beat(self, details: dict[str, Any]) -> None:
+        async def _beat(self, details: dict[str, Any], *a: Any, **kw: Any) -> None:
             if self.variant.no_beat and details.get("phase") == "calling":
                 return
             t0 = time.perf_counter()
             try:
-                await super()._beat(details)
+                await super()._beat(details, *a, **kw)
             finally:
                 self.sink.stages["heartbeat RPC (sync)"].append(time.perf_counter() - t0)
+
+        async def _report(self, value: Any) -> bool:
+            if self.variant.done_marker:
+                return False
+            t0 = time.perf_counter()
+            try:
+                return await super()._report(value)
+            finally:
+                self.sink.stages["complete by task token RPC"].append(time.perf_counter() - t0)
 
         async def _invoke(self, beat_phase: str) -> Any:
             t0 = time.perf_counter()
@@ -548,9 +509,12 @@ def timed_activity_factory() -> Callable[[Any, Variant, Sink], Callable[..., Awa
             sink.stages["attempt init"].append(time.perf_counter() - t0)
             sink.last_intent = intent
             try:
-                return await attempt.run()
+                result = await attempt.run()
             finally:
                 sink.stages["activity total"].append(time.perf_counter() - t0)
+            if result is REPORTED:
+                activity.raise_complete_async()
+            return result
 
         return activity.defn(name=t.name)(run)
 
@@ -623,9 +587,8 @@ def pure_costs(iterations: int = 2000) -> dict[str, float]:
 
 async def rpc_costs(client: Any, meter: CpuMeter, n: int = 200) -> dict[str, dict[str, float]]:
     """Latency and CPU of the RPCs a call adds, one at a time, with no worker on the queue:
-    the record start as the package's Record.claim sends it (with its start_delay), the same
-    without the delay (before the change), a bare start, and the marker signal (Record.mark,
-    to a delayed record, as the package sends it)."""
+    the record start as the package's Record.claim sends it, a bare start of the same input,
+    and a marker signal (Record.mark, as the package sends it; the happy path sends none)."""
     from exactcall.activities._records import Record
 
     from exactcall._model import Owner, RecordEvent
@@ -639,31 +602,13 @@ async def rpc_costs(client: Any, meter: CpuMeter, n: int = 200) -> dict[str, dic
     async def claim(i: int) -> None:
         assert await records[i].claim(owner, 1)
 
-    def init(i: int) -> RecordInit:
-        return RecordInit(intent=intents[i], owner=owner, attempt=1)
-
-    async def undelayed(i: int) -> None:
-        intent = intents[i]
-        await client.start_workflow(
-            RECORD_WORKFLOW,
-            init(i),
-            id=records[i].id + "-u",
-            task_queue=tq,
-            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-            id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
-            memo={
-                "tool": intent.tool,
-                "step": intent.step,
-                "workflow_id": intent.workflow_id,
-                "args_hash": intent.args_hash,
-            },
-            static_summary=f"{intent.tool} {intent.step} of {intent.workflow_id}",
-            task_timeout=timedelta(seconds=2),
-        )
-
     async def plain_start(i: int) -> None:
         await client.start_workflow(
-            RECORD_WORKFLOW, init(i), id=records[i].id + "-p", task_queue=tq
+            RECORD_WORKFLOW,
+            RecordInit(intent=intents[i], owner=owner, attempt=1),
+            id=records[i].id + "-p",
+            task_queue=tq,
+            start_delay=timedelta(days=1),
         )
 
     async def signal(i: int) -> None:
@@ -671,9 +616,8 @@ async def rpc_costs(client: Any, meter: CpuMeter, n: int = 200) -> dict[str, dic
 
     out: dict[str, dict[str, float]] = {}
     for name, op in (
-        ("start record wf, Record.claim (delayed)", claim),
-        ("start record wf, undelayed (before)", undelayed),
-        ("start record wf, no memo/summary/delay", plain_start),
+        ("start record wf, Record.claim", claim),
+        ("start record wf, no summary/timeout", plain_start),
         ("signal a marker, Record.mark", signal),
     ):
         lat: list[float] = []
@@ -695,7 +639,8 @@ async def profile(
 ) -> None:
     """Run the profile; ``done(figures)`` is called before the workers shut down (a crash at
     worker shutdown, sdk-python #300, must not lose the figures)."""
-    from _bench_workflows import BareCalls, ExactCalls, SandboxedRecord, bare_work
+    from _bench_workflows import BareCalls, ExactCalls, bare_work
+    from exactcall.activities import _records
     from exactcall.activities._records import Record
 
     import exactcall
@@ -710,7 +655,10 @@ async def profile(
     m = args.profile_m
     # label -> (task queue, mode, sink, client)
     configs: dict[str, tuple[str, str, Sink, Any]] = {}
+    saved = _records.RECORD_LIFETIME
+    _records.RECORD_LIFETIME = RECORD_DELAY  # the records close (by themselves) in the window
     async with contextlib.AsyncExitStack() as stack:
+        stack.callback(setattr, _records, "RECORD_LIFETIME", saved)
         tq = f"bench-prof-{run_id}"
         await stack.enter_async_context(
             build_worker(main_client, tq, [BareCalls, ExactCalls], activities=[bare_work])
@@ -722,8 +670,6 @@ async def profile(
             if only and not any(o in v.name for o in only):
                 continue
             plugin = exactcall.Plugin(tools=[])
-            if v.sandboxed:
-                plugin.workflows = [SandboxedRecord]
             client = await connect(conn, plugin)
             sink = Sink()
             vtq = f"bench-prof-{run_id}-{len(configs)}"
@@ -760,11 +706,6 @@ async def profile(
         stages = {
             label: {k: summary_ms(v) for k, v in sink.stages.items()}
             for label, (_, _, sink, _) in configs.items()
-        }
-        eager = {
-            label: statistics.fmean(sink.eager)
-            for label, (_, _, sink, _) in configs.items()
-            if sink.eager
         }
 
         # every variant's record holds the same markers: one more call per config, its record
@@ -810,7 +751,6 @@ async def profile(
                 "sequential_s": seq,
                 "k_workflow_s_per_call": kwf,
                 "stages_ms": stages,
-                "eager_fraction": eager,
                 "record_checks": checks,
                 "concurrent": conc,
                 "pure_costs": pure_costs(),
@@ -847,10 +787,7 @@ def print_profile(p: dict[str, Any], args: argparse.Namespace) -> None:
     for label, stages in p["stages_ms"].items():
         if not stages:
             continue
-        extra = ""
-        if label in p["eager_fraction"]:
-            extra = f"  (eagerly started: {p['eager_fraction'][label]:.0%})"
-        log(f"  {label}{extra}")
+        log(f"  {label}")
         for stage, s in stages.items():
             log(f"    {stage:<34} {s['p50']:7.2f} / {s['p95']:7.2f}")
     log("\nrecord of the last call, read from its history")

@@ -7,7 +7,9 @@ any tool) before the worker starts. Points:
 * ``in_call``: the record is claimed and the pre-call heartbeat written, the tool is not
   called yet (from outside, the call may have happened);
 * ``after_call``: the tool returned, its result is not recorded yet;
-* ``after_record``: the result is recorded, the activity has not completed yet;
+* ``after_record``: the result is durable: the attempt that claimed the record completed its
+  activity with it (the completion is the done marker), any other attempt wrote ``done`` to
+  the record and has not completed yet;
 * ``in_probe``: inside the reconciliation probe of the tool.
 
 ``tool@step:point`` limits a rule to one call (``pay@pay#2:after_call:1``).

@@ -7,6 +7,7 @@ record's history, so both always agree on what a record says.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -70,13 +71,20 @@ class RecordEvent(BaseModel):
 
 
 class RecordInit(BaseModel):
-    """Input of a call record: written by the first attempt right before it calls the tool."""
+    """Input of a call record: written by the first attempt right before it calls the tool.
+
+    A record that closed (its lifetime is short, and it closes without running any code) is
+    opened again, as a new run under the same workflow id, when a marker comes later: that
+    run starts from ``state``, the state so far, and ``since``, when the key was first claimed.
+    """
 
     model_config = _FROZEN
 
     intent: Intent
     owner: Owner
     attempt: int
+    state: RecordState | None = None
+    since: datetime | None = None
 
 
 class RecordState(BaseModel):
@@ -93,6 +101,8 @@ class RecordState(BaseModel):
 
     @classmethod
     def start(cls, init: RecordInit) -> RecordState:
+        if init.state is not None:  # a record opened again: it goes on from there
+            return init.state
         return cls(intent=init.intent, phase="calling", owner=init.owner)
 
     @property
@@ -124,3 +134,6 @@ class RecordState(BaseModel):
                 return self.model_copy(update={"phase": "idle", "reason": ev.reason})
             return self
         return self.model_copy(update={"phase": "unknown", "reason": ev.reason})
+
+
+RecordInit.model_rebuild()

@@ -33,7 +33,7 @@ from temporalio.worker import (
 )
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
-from exactcall.activities import await_settled, probe_activity, tool_activity
+from exactcall.activities import await_settled, mark_record, probe_activity, tool_activity
 from exactcall.workflows import CallRecord, Reconcile
 
 from ._errors import ExactcallError
@@ -138,7 +138,13 @@ class Plugin(SimplePlugin):
     ) -> list[Callable[..., Any]]:
         tools = self.tools
         probes = [probe_activity(t) for t in tools if t.options.reconcile is not None]
-        return [*(existing or []), *(tool_activity(t) for t in tools), *probes, await_settled]
+        return [
+            *(existing or []),
+            *(tool_activity(t) for t in tools),
+            *probes,
+            await_settled,
+            mark_record,
+        ]
 
     @contextlib.asynccontextmanager
     async def _run_context(self) -> AsyncIterator[None]:

@@ -96,9 +96,11 @@ async def activity_ids(handle: WorkflowHandle[Any, Any]) -> list[str]:
     ]
 
 
-async def marks(client: Client, key: str) -> list[str]:
-    """The markers written to a key's record after its claim, in order (e.g. "released")."""
-    handle = client.get_workflow_handle(record_id(key))
+async def marks(client: Client, intent: Intent) -> list[str]:
+    """The markers written to a key's record after its claim, in order (e.g. "released"), and
+    "completed" when the call is done by its owner's activity completion (the attempt that
+    claimed the record writes no marker for it: its completion is the done marker)."""
+    handle = client.get_workflow_handle(record_id(intent.key))
     out = []
     async for ev in handle.fetch_history_events():
         if ev.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
@@ -106,6 +108,9 @@ async def marks(client: Client, key: str) -> list[str]:
             if attrs.signal_name == MARK_SIGNAL:
                 [m] = await client.data_converter.decode(attrs.input.payloads, [RecordEvent])
                 out.append(m.kind)
+    view = await Record(client, intent).read()
+    if view is not None and view.state.phase == "done" and out[-1:] != ["done"]:
+        out.append("completed")
     return out
 
 
@@ -169,7 +174,7 @@ async def test_cancelled_before_the_tool_started_nothing_happens(
     # the running one saw the cancellation and said it had not paid: its key is released
     ran = by_step[claimed[0]]
     assert (await record(client, ran)).phase == "idle"
-    assert await marks(client, ran.key) == ["released"]
+    assert await marks(client, ran) == ["released"]
     assert bank.count(to=who) == bank.count(to=other) == 0
 
 
@@ -203,7 +208,7 @@ async def test_cancelled_tool_that_says_not_executed_fails_definitely_and_frees_
     await cancel(handle)
     [intent] = (await intents(client, handle)).values()
     assert (await record(client, intent)).phase == "idle"
-    assert await marks(client, intent.key) == ["released"]
+    assert await marks(client, intent) == ["released"]
     assert bank.count(to=who) == 0
     # the key is released: a new run of the same workflow id makes the call (once)
     HELD.discard(who)
@@ -225,7 +230,7 @@ async def test_cancelled_tool_that_says_nothing_is_reconciled_not_re_sent(
     assert (verdict.outcome, verdict.verdict, verdict.decided_by) == ("done", "landed", "probe")
     state = await record(client, intent)
     assert state.phase == "done" and state.result["to_account"] == who  # the bank's row
-    assert await marks(client, intent.key) == ["unknown", "done"]
+    assert await marks(client, intent) == ["unknown", "done"]
     assert bank.count(to=who) == 1
 
 
@@ -247,7 +252,7 @@ async def test_a_cancelled_call_that_did_not_land_is_not_run_again(
         "Cancelled",
     )
     assert (await record(client, intent)).phase == "idle"
-    assert await marks(client, intent.key) == ["unknown", "not_landed"]
+    assert await marks(client, intent) == ["unknown", "not_landed"]
     HELD.discard(who)
     await asyncio.sleep(0.5)
     assert bank.count(to=who) == 0
@@ -299,7 +304,7 @@ async def test_one_cancelled_caller_does_not_cancel_the_shared_call(
     assert out["first"] == "cancelled"
     assert out["second"]["to"] == who
     [intent] = (await intents(client, handle)).values()
-    assert await marks(client, intent.key) == ["done"]
+    assert await marks(client, intent) == ["completed"]
     assert bank.count(to=who) == 1
 
 
@@ -318,7 +323,7 @@ async def test_a_cancelled_workflow_cancels_calls_in_its_other_tasks(
     await cancel(handle)
     [intent] = (await intents(client, handle)).values()
     assert (await settled(client, intent)).outcome == "done"
-    assert await marks(client, intent.key) == ["unknown", "done"]
+    assert await marks(client, intent) == ["unknown", "done"]
     assert bank.count(to=who) == 1
     await replays(handle, tmp_path / "histories")
 
@@ -429,11 +434,11 @@ async def test_sigterm_lets_calls_finish_then_cancels_them(
     assert [o["ok"].get("to") or o["ok"]["to_account"] for o in out] == [quick, lost, refused]
     by_step = await intents(client, handle)
     # finished within the grace period: done, by the first attempt
-    assert await marks(client, by_step["quick"].key) == ["done"]
+    assert await marks(client, by_step["quick"]) == ["completed"]
     # cancelled after the payment: recorded unknown, reconciled (the probe found it)
-    assert await marks(client, by_step["lost"].key) == ["unknown", "done"]
+    assert await marks(client, by_step["lost"]) == ["unknown", "done"]
     # cancelled before the payment, and said so: released, then retried on the new worker
-    assert await marks(client, by_step["refused"].key) == ["released", "calling", "done"]
+    assert await marks(client, by_step["refused"]) == ["released", "calling", "done"]
     assert [bank.count(to=x) for x in (quick, lost, refused)] == [1, 1, 1]
 
 
@@ -449,7 +454,7 @@ async def test_a_tool_may_run_longer_than_the_workers_own_heartbeat_deadline(
     [out] = await handle.result()
     assert out["ok"]["to"] == who
     [intent] = (await intents(client, handle)).values()
-    assert await marks(client, intent.key) == ["done"]
+    assert await marks(client, intent) == ["completed"]
     attempts = [
         ev.activity_task_started_event_attributes.attempt
         async for ev in handle.fetch_history_events()

@@ -1,11 +1,17 @@
 """Server behaviour exactcall relies on, pinned so that a Temporal upgrade that changes it fails.
 
 The call record (workflows/_record.py) is started by ``Record.claim()`` in activities/_records.py
-with ``start_delay=RECORD_START_DELAY``; markers are ``exactcall.mark`` signals that readers
-(``Record.read()``) fold from the record's history. That is sound only while a signal sent during
-the start delay (a) is written to history at once and (b) does not start a workflow task: a
-task in flight would buffer later signals out of the history readers fold, and would spend worker
-time per call.
+with ``record_timing()``: a start delay longer than its execution timeout, so that it never runs
+a workflow task and closes by itself. Markers are ``exactcall.mark`` signals that readers
+(``Record.read()``) fold from the record's history; a marker for a closed record opens it again
+as a new run. That is sound only while:
+
+* a signal sent during the start delay is written to history at once and does not start a
+  workflow task (a task in flight would buffer later signals out of the history readers fold,
+  and would spend worker time per call);
+* a workflow whose start delay outlasts its execution timeout times out then, with no workflow
+  task ever scheduled; afterwards a signal to it is refused as not found, a start that rejects
+  duplicates is refused (the claim stays taken), and a start that allows them opens a new run.
 """
 
 from __future__ import annotations
@@ -14,28 +20,33 @@ import asyncio
 import uuid
 from datetime import timedelta
 
-from exactcall.activities._records import RECORD_START_DELAY
+import pytest
+from exactcall.activities._records import NEVER_STARTS, record_timing
 from exactcall.workflows import MARK_SIGNAL
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
 
 RELIES = (
     "exactcall relies on this (activities/_records.py Record.claim() starts the call record "
-    "with start_delay and Record.mark()/read() write and fold 'exactcall.mark' signals from its "
-    "history, with no workflow task ever in flight while the call settles)"
+    "with record_timing() and Record.mark()/read() write and fold 'exactcall.mark' signals from "
+    "its history, with no workflow task ever run for a record)"
 )
+
+
+def _ids() -> tuple[str, str]:
+    # no worker polls this queue: nothing but the server decides what lands in history
+    return f"exactcall-contract-{uuid.uuid4().hex[:10]}", f"tq-nobody-{uuid.uuid4().hex[:8]}"
 
 
 async def test_a_signal_during_start_delay_is_in_history_and_starts_no_workflow_task(
     client: Client,
 ) -> None:
-    # no worker polls this queue: nothing but the server decides what lands in history
+    wid, tq = _ids()
     handle = await client.start_workflow(
-        "exactcall.ServerContractProbe",
-        id=f"exactcall-contract-{uuid.uuid4().hex[:10]}",
-        task_queue=f"tq-nobody-{uuid.uuid4().hex[:8]}",
-        start_delay=RECORD_START_DELAY,
-        task_timeout=timedelta(seconds=2),
+        "exactcall.ServerContractProbe", id=wid, task_queue=tq, **record_timing()
     )
     try:
         await handle.signal(MARK_SIGNAL, "first")
@@ -61,3 +72,69 @@ async def test_a_signal_during_start_delay_is_in_history_and_starts_no_workflow_
         )
     finally:
         await handle.terminate("exactcall server-contract test")
+
+
+async def test_a_record_times_out_without_a_task_and_a_start_opens_it_again(
+    client: Client,
+) -> None:
+    wid, tq = _ids()
+    timing = {"start_delay": NEVER_STARTS, "execution_timeout": timedelta(seconds=2)}
+    first = await client.start_workflow(
+        "exactcall.ServerContractProbe",
+        "claim",
+        id=wid,
+        task_queue=tq,
+        id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+        id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+        **timing,
+    )
+    await first.signal(MARK_SIGNAL, "marker")
+    for _ in range(100):
+        desc = await first.describe()
+        if desc.status != WorkflowExecutionStatus.RUNNING:
+            break
+        await asyncio.sleep(0.1)
+    assert desc.status == WorkflowExecutionStatus.TIMED_OUT, (
+        f"a workflow whose start delay outlasts its execution timeout did not time out at it "
+        f"(status {desc.status}); {RELIES}"
+    )
+    names = [EventType.Name(ev.event_type) async for ev in first.fetch_history_events()]
+    assert names == [
+        "EVENT_TYPE_WORKFLOW_EXECUTION_STARTED",
+        "EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED",
+        "EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT",
+    ], f"a record ran or scheduled a workflow task, or did not close ({names}); {RELIES}"
+
+    with pytest.raises(RPCError) as refused:
+        await first.signal(MARK_SIGNAL, "late")
+    assert refused.value.status == RPCStatusCode.NOT_FOUND, RELIES
+    with pytest.raises(WorkflowAlreadyStartedError):  # the claim stays taken after it closed
+        await client.start_workflow(
+            "exactcall.ServerContractProbe",
+            "claim again",
+            id=wid,
+            task_queue=tq,
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            **timing,
+        )
+    again = await client.start_workflow(
+        "exactcall.ServerContractProbe",
+        "opened again",
+        id=wid,
+        task_queue=tq,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+        **timing,
+    )
+    assert again.result_run_id != first.result_run_id
+    with pytest.raises(WorkflowAlreadyStartedError):  # a second writer signals the open run
+        await client.start_workflow(
+            "exactcall.ServerContractProbe",
+            "opened twice",
+            id=wid,
+            task_queue=tq,
+            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+            id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+            **timing,
+        )
+    await client.get_workflow_handle(wid).terminate("exactcall server-contract test")

@@ -242,3 +242,15 @@ async def slow_probe(intent: exactcall.Intent) -> Any:
 def book_slow_probe(bank: str, amount: int, to: str) -> dict[str, Any]:
     _keyed_post(bank, amount, to)
     raise ConnectionResetError("connection reset after the request was sent")
+
+
+@exactcall.tool(
+    heartbeat_timeout=FAST,
+    retry_policy=RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=3),
+)
+async def refuse_late_then_pay(bank: str, amount: int, to: str, seconds: float) -> dict[str, Any]:
+    """The first attempt says, after ``seconds``, that it did not pay; the next one pays."""
+    if activity.info().attempt == 1:
+        await asyncio.sleep(seconds)
+        raise exactcall.NotExecuted("the bank was closed for the night")
+    return post(bank, "/payments", {"amount": amount, "to": to})

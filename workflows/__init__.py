@@ -1,9 +1,10 @@
 """exactcall's own workflows (installed as ``exactcall.workflows``)."""
 
 from ._reconciliation import PROBE_PREFIX, Reconcile, probe_activity_name
-from ._record import MARK_SIGNAL, RECORD_WORKFLOW, STATE_QUERY, CallRecord, record_id
+from ._record import MARK_RECORD, MARK_SIGNAL, RECORD_WORKFLOW, STATE_QUERY, CallRecord, record_id
 
 __all__ = [
+    "MARK_RECORD",
     "MARK_SIGNAL",
     "PROBE_PREFIX",
     "RECORD_WORKFLOW",

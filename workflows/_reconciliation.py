@@ -42,7 +42,7 @@ from exactcall._verdicts import (
 )
 
 from ._call import execute_call_activity
-from ._record import mark_from_workflow
+from ._record import MARK_RECORD, mark_from_workflow
 from ._state import pinned_search_attributes
 from ._unknown import CANCELLED_ERROR, CANCELLED_MEMO, CANCELLED_SIGNAL, call_spec
 
@@ -53,6 +53,9 @@ UNRESOLVED_KEY = SearchAttributeKey.for_bool(UNRESOLVED_ATTRIBUTE)
 MAX_PROBE_RERUNS = 1
 TELLS_THE_CALL = "exactcall.reconcile-tells-the-call"
 """Patch: a reconciliation that is not a child signals its verdict to the call's workflow."""
+MARKS_BY_ACTIVITY = "exactcall.marks-by-activity"
+"""Patch: verdicts are written to the record by a local activity, which opens a record that
+has closed (records close by themselves); before, by an external signal."""
 
 
 def probe_activity_name(tool: str) -> str:
@@ -268,7 +271,16 @@ class Reconcile:
     async def _mark(self, inp: ReconcileInput, kind: str, **fields: Any) -> None:
         owner = Owner(run_id=workflow.info().run_id, activity_id="reconcile")
         ev = RecordEvent(kind=kind, owner=owner, attempt=0, **fields)  # type: ignore[arg-type]
-        await mark_from_workflow(inp.intent.key, ev)
+        if not workflow.patched(MARKS_BY_ACTIVITY):
+            await mark_from_workflow(inp.intent.key, ev)
+            return
+        await workflow.execute_local_activity(
+            MARK_RECORD,
+            args=[inp.intent, ev],
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=10)),
+            summary=f"record {kind} for {inp.intent.tool} {inp.intent.step}",
+        )
 
     def _publish(self, inp: ReconcileInput, parked: bool) -> None:
         self._parked = parked

@@ -1,12 +1,15 @@
 """The call record: one small workflow per derived key, whose workflow id is the key.
 
 Workflow id uniqueness makes it the claim on a key across runs, resets and continue-as-new;
-its history is the durable marker store every attempt reads. The protocol: this module names
-the record (``record_id``, ``MARK_SIGNAL``) and writes markers from workflow code;
-``activities/_records.py`` claims, marks and reads it from an activity; the markers and their
-fold are ``RecordEvent`` and ``RecordState`` (``exactcall/_model.py``). Temporal stays the
-only store. The record completes (with the final state) once the call is done; while the outcome is
-unknown it stays open, so it is listed until someone settles it.
+its history is the durable marker store every attempt reads. The protocol lives in
+``activities/_records.py`` (claim, mark, read: one module, used by the attempt and, through
+the ``exactcall.mark_record`` activity, by the reconciliation); this module names the record
+(``record_id``, ``MARK_SIGNAL``, ``MARK_RECORD``). Temporal stays the only store.
+
+Records claimed today never run code: they close by themselves, timed out, after their
+lifetime (``RECORD_LIFETIME``). ``CallRecord`` is the code of records written by exactcall
+0.x before that (a 5-minute start delay, then it waited for a final marker and completed with
+the state); it stays registered so that those drain, and replay.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from temporalio.exceptions import ApplicationError
 from exactcall._model import RecordEvent, RecordInit, RecordState
 
 __all__ = [
+    "MARK_RECORD",
     "MARK_SIGNAL",
     "RECORD_WORKFLOW",
     "STATE_QUERY",
@@ -27,6 +31,8 @@ __all__ = [
 
 RECORD_WORKFLOW = "exactcall.CallRecord"
 MARK_SIGNAL = "exactcall.mark"
+MARK_RECORD = "exactcall.mark_record"
+"""The activity that writes a marker from workflow code (it opens a closed record again)."""
 STATE_QUERY = "exactcall.state"
 
 
@@ -36,8 +42,8 @@ def record_id(key: str) -> str:
 
 
 async def mark_from_workflow(key: str, event: RecordEvent) -> None:
-    """Write a marker to the record of ``key`` from workflow code (the reconciliation); an
-    attempt writes them from its activity with ``exactcall.activities._records.Record``."""
+    """Write a marker to the record of ``key`` by an external signal from workflow code: how
+    reconciliations started before ``MARK_RECORD`` wrote them (their histories replay it)."""
     await workflow.get_external_workflow_handle(record_id(key)).signal(MARK_SIGNAL, event)
 
 

@@ -6,15 +6,15 @@
   one after the other; the factor is checked, not assumed: bare's ``StartWorkflowExecution``
   count per workflow (1). This phase's own ``CountWorkflowExecutions`` and
   ``DescribeWorkflowExecution`` are left out.
-  The record's deferred workflow task (it starts 5 minutes after the call) is counted too:
-  during this phase the record starts 1 s after its claim, and the count is taken once every
-  record has closed.
+  Whatever a record causes after the call is counted too (it runs no workflow task, and the
+  server closes it, timed out, 5 minutes after its claim): during this phase records live
+  1 s, and the count is taken once every record has closed.
 * **history bytes per call**: ``history_size_bytes`` of one finished workflow per mode, plus,
   for exactcall, its call record's (once closed).
 * **charged throughput**: on this CPU-bound machine, calls/s follow the CPU a call costs, so
   the steady-state ratio is bare's CPU per call over exactcall's (this process: client and
   worker; plus the dev server), measured over ``m`` one-call workflows at once per mode and
-  a window that ends 2.5 s after the last result, in which the records' deferred tasks run
+  a window that ends 2.5 s after the last result, in which the records close
   (``records_open_at_end`` says if any had not).
 """
 
@@ -91,7 +91,7 @@ async def history_bytes(client: Client, workflow_id: str) -> int:
 
 async def account(bench: Any, metrics_url: str | None, n: int, m: int) -> dict[str, Any]:
     """Requests and history bytes per call (``n`` sequential one-call workflows per mode),
-    and CPU per call with the records' deferred tasks (``m`` at once per mode)."""
+    and CPU per call with the records' closing counted (``m`` at once per mode)."""
     client: Client = bench.client
     tq = bench.task_queue
     saved = _records.RECORD_LIFETIME

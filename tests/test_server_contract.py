@@ -19,12 +19,13 @@ from __future__ import annotations
 import asyncio
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from exactcall.activities._records import NEVER_STARTS, record_timing
 from exactcall.workflows import MARK_SIGNAL
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
@@ -78,16 +79,24 @@ async def test_a_record_times_out_without_a_task_and_a_start_opens_it_again(
     client: Client,
 ) -> None:
     wid, tq = _ids()
-    timing = {"start_delay": NEVER_STARTS, "execution_timeout": timedelta(seconds=2)}
-    first = await client.start_workflow(
-        "exactcall.ServerContractProbe",
-        "claim",
-        id=wid,
-        task_queue=tq,
-        id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-        id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
-        **timing,
-    )
+
+    async def start(
+        arg: str, reuse: WorkflowIDReusePolicy, conflict: WorkflowIDConflictPolicy
+    ) -> WorkflowHandle[Any, Any]:
+        return await client.start_workflow(
+            "exactcall.ServerContractProbe",
+            arg,
+            id=wid,
+            task_queue=tq,
+            id_reuse_policy=reuse,
+            id_conflict_policy=conflict,
+            start_delay=NEVER_STARTS,
+            execution_timeout=timedelta(seconds=2),
+        )
+
+    reject, allow = WorkflowIDReusePolicy.REJECT_DUPLICATE, WorkflowIDReusePolicy.ALLOW_DUPLICATE
+    fail = WorkflowIDConflictPolicy.FAIL
+    first = await start("claim", reject, fail)
     await first.signal(MARK_SIGNAL, "marker")
     for _ in range(100):
         desc = await first.describe()
@@ -109,32 +118,9 @@ async def test_a_record_times_out_without_a_task_and_a_start_opens_it_again(
         await first.signal(MARK_SIGNAL, "late")
     assert refused.value.status == RPCStatusCode.NOT_FOUND, RELIES
     with pytest.raises(WorkflowAlreadyStartedError):  # the claim stays taken after it closed
-        await client.start_workflow(
-            "exactcall.ServerContractProbe",
-            "claim again",
-            id=wid,
-            task_queue=tq,
-            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-            **timing,
-        )
-    again = await client.start_workflow(
-        "exactcall.ServerContractProbe",
-        "opened again",
-        id=wid,
-        task_queue=tq,
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-        id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
-        **timing,
-    )
+        await start("claim again", reject, fail)
+    again = await start("opened again", allow, fail)
     assert again.result_run_id != first.result_run_id
     with pytest.raises(WorkflowAlreadyStartedError):  # a second writer signals the open run
-        await client.start_workflow(
-            "exactcall.ServerContractProbe",
-            "opened twice",
-            id=wid,
-            task_queue=tq,
-            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-            id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
-            **timing,
-        )
+        await start("opened twice", allow, fail)
     await client.get_workflow_handle(wid).terminate("exactcall server-contract test")

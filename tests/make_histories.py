@@ -1,9 +1,15 @@
 """Regenerate the stored histories in tests/histories/ (run by hand after a deliberate change).
 
-    python -m tests.make_histories
+    python -m tests.make_histories              # every file
+    python -m tests.make_histories NAME ...     # only these (e.g. reconciliation_marked)
 
 Each file is the JSON of one real run on the embedded server; tests/test_replay.py replays them
-against the current code, so a change that breaks replay of a running workflow fails CI.
+against the current code, so a change that breaks replay of a running workflow fails CI. Files
+recorded by an earlier protocol are worth keeping as they are: ``call_record``,
+``reconciliation`` and ``reconciliation_agent`` are of exactcall 0.x (a record that ran a
+workflow task; verdicts by external signal), ``reconciliation_marked`` (and ``_agent``) of the
+record protocol that closes records without a task (verdicts by the ``exactcall.mark_record``
+local activity). Regenerate only the names a change is about.
 """
 
 from __future__ import annotations
@@ -11,28 +17,47 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from exactcall.activities import Record
 from temporalio.client import Client
 
 from exactcall import Intent, approvals
 from exactcall._server import DevServer
+from exactcall._verdicts import reconcile_id
 from exactcall._worker import Connection, connect
 from exactcall.demo.bank import Bank
 from tests.conftest import plan, running_worker, step
 from tests.workflows import Agent, Rounds
 
 HERE = Path(__file__).parent / "histories"
+ONLY: set[str] = set()
 
 
 async def _save(client: Client, workflow_id: str, name: str, run_id: str | None = None) -> None:
+    if ONLY and name not in ONLY:
+        return
     history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
-    (HERE / f"{name}.json").write_text(json.dumps(history.to_json_dict(), indent=1) + "\n")
+    raw = without_stack_traces(history.to_json_dict())
+    (HERE / f"{name}.json").write_text(json.dumps(raw, indent=1) + "\n")
 
 
-async def main() -> None:
+def without_stack_traces(value: Any) -> Any:
+    """Failures' stack traces name this machine's paths; replay does not read them."""
+    if isinstance(value, dict):
+        return {k: "" if k == "stackTrace" else without_stack_traces(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_stack_traces(v) for v in value]
+    return value
+
+
+async def main(only: set[str]) -> None:
+    def wanted(*names: str) -> bool:
+        return not only or bool(only & set(names))
+
     with DevServer() as srv, tempfile.TemporaryDirectory() as tmp, Bank(Path(tmp) / "b.db") as bank:
         client = await connect(Connection(address=srv.address))
         async with running_worker(client, "histories"):
@@ -77,6 +102,8 @@ async def main() -> None:
             await _save(client, h4.id, "reconciliation_agent")
             async for wf in client.list_workflows("WorkflowType = 'exactcall.Reconcile'"):
                 await _save(client, wf.id, "reconciliation")
+            if wanted("reconciliation_marked", "reconciliation_marked_agent"):
+                await _save_reconciliation(client, bank, "reconciliation_marked")
             # the per-key record of the first payment
             hist = await h.fetch_history()
             intent_payload = next(
@@ -90,5 +117,29 @@ async def main() -> None:
     os._exit(0)
 
 
+async def _save_reconciliation(client: Client, bank: Bank, name: str) -> None:
+    """A call whose answer is lost, the probe finds the payment; the verdict is written to the
+    call's record (by the ``exactcall.mark_record`` local activity)."""
+    h = await client.start_workflow(
+        Agent.run,
+        plan(step("book_then_explode", bank.url, 10, "dave")),
+        id=f"hist-{name}",
+        task_queue="histories",
+    )
+    await h.result()
+    await _save(client, h.id, f"{name}_agent")
+    [intent] = [i async for i in _intents(client, h.id)]  # the agent's one call
+    await _save(client, reconcile_id(intent.key), name)
+
+
+async def _intents(client: Client, workflow_id: str) -> Any:
+    async for e in client.get_workflow_handle(workflow_id).fetch_history_events():
+        if e.HasField("activity_task_scheduled_event_attributes"):
+            payloads = e.activity_task_scheduled_event_attributes.input.payloads
+            [intent] = await client.data_converter.decode(payloads, [Intent])
+            yield intent
+
+
 if __name__ == "__main__":
-    asyncio.run(main())
+    ONLY.update(sys.argv[1:])
+    asyncio.run(main(ONLY))

@@ -47,6 +47,10 @@ async def test_there_is_a_history_for_each_shape() -> None:
         "approval",
         "reconciliation_agent",
         "reconciliation",
+        # verdicts written by the exactcall.mark_record local activity (records that close by
+        # themselves); the three files above are of exactcall 0.x and stay as they are
+        "reconciliation_marked_agent",
+        "reconciliation_marked",
     } <= names
 
 

@@ -403,6 +403,7 @@ class Variant:
     sequential: bool = False  # claim, then the pre-call heartbeat (before the gather)
     no_beat: bool = False  # no pre-call heartbeat (changes the protocol: see README)
     done_marker: bool = False  # write "done" to the record as well (the 0.x protocol)
+    no_claim: bool = False  # neither the claim nor the pre-call heartbeat (a bound: unsafe)
 
 
 VARIANTS = (
@@ -410,6 +411,7 @@ VARIANTS = (
     Variant("claim, then heartbeat", sequential=True),
     Variant("no pre-call heartbeat", no_beat=True),
     Variant("done marker too (0.x)", done_marker=True),
+    Variant("no claim, no heartbeat (bound)", no_claim=True),
 )
 
 
@@ -463,6 +465,9 @@ def timed_activity_factory() -> Callable[[Any, Variant, Sink], Callable[..., Awa
 
         async def _claim_and_beat(self) -> bool:
             t0 = time.perf_counter()
+            if self.variant.no_claim:  # what the rest of a call costs: not a protocol
+                self.claimed = True
+                return True
             if not self.variant.sequential:
                 try:
                     return await super()._claim_and_beat()

@@ -69,6 +69,7 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--max-cached-workflows", type=int)
     ap.add_argument("--workflow-task-pollers", type=int)
     ap.add_argument("--max-concurrent-activities", type=int)
+    ap.add_argument("--passthrough-all-modules", action="store_true")
     return ap.parse_args()
 
 
@@ -80,11 +81,16 @@ async def _serve(ns: argparse.Namespace) -> None:
     from bench._bare_pending import BarePending, bare_approved
 
     client = await Client.connect(ns.address, namespace=ns.namespace)
-    tuning = {  # the same knobs `exactcall worker` passes to the Worker
+    tuning: dict[str, Any] = {  # the same knobs `exactcall worker` passes to the Worker
         "max_cached_workflows": ns.max_cached_workflows,
         "max_concurrent_workflow_task_polls": ns.workflow_task_pollers,
         "max_concurrent_activities": ns.max_concurrent_activities,
     }
+    if ns.passthrough_all_modules:  # as `exactcall worker --passthrough-all-modules`
+        from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
+        restrictions = SandboxRestrictions.default.with_passthrough_all_modules()
+        tuning["workflow_runner"] = SandboxedWorkflowRunner(restrictions=restrictions)
     worker = Worker(
         client,
         task_queue=ns.task_queue,

@@ -138,6 +138,8 @@ def tuning_flags(args: Any) -> list[str]:
         value = getattr(args, flag)
         if value is not None:
             out += [f"--{flag.replace('_', '-')}", str(value)]
+    if getattr(args, "passthrough_all_modules", False):
+        out.append("--passthrough-all-modules")
     return out
 
 

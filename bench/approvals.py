@@ -192,6 +192,11 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     w.add_argument("--max-cached-workflows", type=int)
     w.add_argument("--workflow-task-pollers", type=int)
     w.add_argument("--max-concurrent-activities", type=int)
+    w.add_argument(
+        "--passthrough-all-modules",
+        action="store_true",
+        help="no per-run imports in the sandbox",
+    )
     ap.add_argument("--address", help="use an existing server instead of the embedded one")
     ap.add_argument("--namespace", default="default")
     ap.add_argument(

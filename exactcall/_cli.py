@@ -137,6 +137,13 @@ def _parser() -> argparse.ArgumentParser:
         help="concurrent workflow-task polls (raise it when many calls wait at once)",
     )
     w.add_argument("--max-concurrent-activities", type=int, default=None)
+    w.add_argument(
+        "--passthrough-all-modules",
+        action="store_true",
+        help="do not re-import modules inside the workflow sandbox per workflow run (less CPU "
+        "and memory per cached workflow; your workflow modules must then keep no state that "
+        "changes between runs: see the README, Many pending calls)",
+    )
     _cli_telemetry.add_args(w)
     _connection_args(w)
 
@@ -428,6 +435,7 @@ async def _worker(ns: argparse.Namespace) -> int:
         load_plugins,
         load_tools,
         load_workflows,
+        passthrough_all_runner,
         run_worker,
     )
 
@@ -460,6 +468,7 @@ async def _worker(ns: argparse.Namespace) -> int:
         "max_cached_workflows": ns.max_cached_workflows,
         "max_concurrent_workflow_task_polls": ns.workflow_task_pollers,
         "max_concurrent_activities": ns.max_concurrent_activities,
+        "workflow_runner": passthrough_all_runner() if ns.passthrough_all_modules else None,
     }
     worker = build_worker(
         client,

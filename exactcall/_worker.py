@@ -18,6 +18,7 @@ from temporalio.client import Client
 from temporalio.envconfig import ClientConfig
 from temporalio.service import TLSConfig
 from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from ._crash import warn_if_unarmed
 from ._plugin import Plugin
@@ -147,6 +148,15 @@ def load_activities(modules: Sequence[str]) -> list[Any]:
             if callable(v) and hasattr(v, "__temporal_activity_definition"):
                 found[getattr(v, "__temporal_activity_definition").name] = v
     return list(found.values())
+
+
+def passthrough_all_runner() -> SandboxedWorkflowRunner:
+    """The sandbox with every module passed through (``exactcall worker
+    --passthrough-all-modules``): a workflow run re-imports nothing, and the plugin still adds
+    its own passthroughs; calls that are not deterministic are still refused."""
+    return SandboxedWorkflowRunner(
+        restrictions=SandboxRestrictions.default.with_passthrough_all_modules()
+    )
 
 
 def build_worker(

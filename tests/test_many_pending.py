@@ -5,7 +5,8 @@ workflow cache holds only 50 of them, so most decisions reach an evicted workflo
 applied after a replay. ``exactcall approvals list --json`` must list every one with its exact
 arguments; ``list_pending`` must page through them in small pages and honour ``limit``; then
 half are approved and half denied, every workflow closes, and the bank counts exactly the
-approved payments. Nothing here is timed: the figures are in bench/approvals.py.
+approved payments. Once with the default sandbox, once with ``--passthrough-all-modules``
+(nothing re-imported per run). Nothing here is timed: the figures are in bench/approvals.py.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
+import pytest
 from temporalio.api.common.v1 import Payload
 from temporalio.client import Client
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
@@ -78,8 +80,11 @@ async def cli_list(server: DevServer) -> list[dict[str, Any]]:
     return json.loads(out)
 
 
+@pytest.mark.parametrize(
+    "sandbox", [[], ["--passthrough-all-modules"]], ids=["sandboxed", "passthrough-all-modules"]
+)
 async def test_many_pending_on_one_worker_listed_decided_closed(
-    server: DevServer, client: Client, tq: str, bank: Bank, who: str
+    server: DevServer, client: Client, tq: str, bank: Bank, who: str, sandbox: list[str]
 ) -> None:
     prefix = f"many-{uuid.uuid4().hex[:8]}-"
     wids = [f"{prefix}{i}" for i in range(N)]
@@ -89,7 +94,7 @@ async def test_many_pending_on_one_worker_listed_decided_closed(
         tq,
         tools=["tests.tools"],
         workflows=["tests.workflows"],
-        args=["--max-cached-workflows", str(CACHE), "--workflow-task-pollers", "10"],
+        args=["--max-cached-workflows", str(CACHE), "--workflow-task-pollers", "10", *sandbox],
         cwd=ROOT,
     )
     try:

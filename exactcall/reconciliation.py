@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import getpass
 import uuid
 from dataclasses import dataclass
@@ -105,8 +106,18 @@ async def resolve(
 
 
 async def _confirm(client: Client, rid: str, res: Resolution, timeout: float) -> str | None:
+    """The reconciliation's answer to ``res``. A verdict that ends the call (landed, abandon)
+    is confirmed once it is also recorded (the reconciliation has settled): a call made with
+    the same key after this returns gets that verdict, not the outcome it had before."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+
     def mine(st: ReconcileState) -> str | None:
         found = (o for r, o in st.resolutions if r.resolution_id == res.resolution_id)
         return next(found, None)
 
-    return await confirm_by_query(lambda: state(client, rid), mine, timeout)
+    outcome = await confirm_by_query(lambda: state(client, rid), mine, timeout)
+    if outcome == "accepted" and res.verdict != "not_landed":
+        left = max(0.5, deadline - loop.time())
+        await confirm_by_query(lambda: state(client, rid), lambda st: st.settled, left)
+    return outcome

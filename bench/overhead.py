@@ -595,21 +595,20 @@ async def rpc_costs(client: Any, meter: CpuMeter, n: int = 200) -> dict[str, dic
     the record start as the package's Record.claim sends it, a bare start of the same input,
     and a marker signal (Record.mark, as the package sends it; the happy path sends none)."""
     from exactcall.activities import _records
-    from exactcall.activities._records import Record
-
-    from exactcall._model import Owner, RecordEvent
 
     # the package's lifetime here (the profile shortens it): marks go to open records
     saved, _records.RECORD_LIFETIME = _records.RECORD_LIFETIME, timedelta(minutes=5)
     try:
-        return await _rpc_costs(client, meter, n, Record, Owner, RecordEvent)
+        return await _rpc_costs(client, meter, n)
     finally:
         _records.RECORD_LIFETIME = saved
 
 
-async def _rpc_costs(
-    client: Any, meter: CpuMeter, n: int, Record: Any, Owner: Any, RecordEvent: Any
-) -> dict[str, dict[str, float]]:
+async def _rpc_costs(client: Any, meter: CpuMeter, n: int) -> dict[str, dict[str, float]]:
+    from exactcall.activities._records import Record
+
+    from exactcall._model import Owner, RecordEvent
+
     tq = f"bench-noworker-{uuid.uuid4().hex[:8]}"
     prefix = f"bench-rpc-{uuid.uuid4().hex[:8]}"  # fresh keys: a second run must not collide
     owner = Owner(run_id="bench-run", activity_id="ec_work#1")

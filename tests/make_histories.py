@@ -54,9 +54,9 @@ def without_stack_traces(value: Any) -> Any:
     return value
 
 
-async def main(only: set[str]) -> None:
+async def main() -> None:
     def wanted(*names: str) -> bool:
-        return not only or bool(only & set(names))
+        return not ONLY or bool(ONLY & set(names))
 
     with DevServer() as srv, tempfile.TemporaryDirectory() as tmp, Bank(Path(tmp) / "b.db") as bank:
         client = await connect(Connection(address=srv.address))
@@ -142,4 +142,4 @@ async def _intents(client: Client, workflow_id: str) -> Any:
 
 if __name__ == "__main__":
     ONLY.update(sys.argv[1:])
-    asyncio.run(main(ONLY))
+    asyncio.run(main())

@@ -45,6 +45,8 @@ async def test_there_is_a_history_for_each_shape() -> None:
         "continue_as_new_last",
         "call_record",
         "approval",
+        # recorded while the choice "on" was pinned by a marker too (exactcall.search-attributes.on)
+        "approval_pinned_on",
         "reconciliation_agent",
         "reconciliation",
         # verdicts written by the exactcall.mark_record local activity (records that close by

@@ -2,8 +2,9 @@
 
 ``exactcall.Plugin(search_attributes=...)`` is a worker-level flag; a rolling change of it would
 make a replaying worker drop (or add) upsert commands and fail the run with a nondeterminism
-error. The first upsert records the choice as a patch marker (exactcall.workflows._state), and
-replays follow the marker whatever the replaying worker's flag.
+error. The first upsert pins the choice (exactcall.workflows._state): "off" as a patch marker,
+"on" as the absence of one (a marker costs a visibility write per run), and replays follow the
+history whatever the replaying worker's flag.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from exactcall._worker import Connection, connect
 from exactcall.demo.bank import Bank
 from tests.conftest import plan, running_worker, start_agent, step
 from tests.test_approvals import pending_of
+from tests.test_replay import HISTORIES
 from tests.workflows import Agent, BareAgent, Rounds, Uncaught
 
 
@@ -90,8 +92,11 @@ async def test_a_run_replays_on_a_worker_with_the_other_flag(
         history = await _approved_run(client, tq, bank, who)
     upserts = _pending_upserts(history)
     assert bool(upserts) == flag, upserts
-    mark = SEARCH_ATTRIBUTES_ON_PATCH if flag else SEARCH_ATTRIBUTES_OFF_PATCH
-    assert _patches(history).count(mark) == 1, _patches(history)
+    # "on", the default, is pinned by the absence of a marker: no marker, no TemporalChangeVersion
+    assert _patches(history) == ([] if flag else [SEARCH_ATTRIBUTES_OFF_PATCH]), _patches(history)
+    if flag:  # every upsert is exactcall's (none of TemporalChangeVersion)
+        upsert_events = _count(history, EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES)
+        assert upsert_events == len(upserts)
     await _replay(history, search_attributes=flag)
     await _replay(history, search_attributes=not flag)
 
@@ -114,4 +119,32 @@ async def test_a_rolling_flag_change_mid_run_keeps_the_runs_choice(
     # the choice made at the first upsert held: pending went back to false on the new worker
     upserts = _pending_upserts(history)
     assert upserts[0] is True and upserts[-1] is False, upserts
+    assert _patches(history) == []
+
+
+async def test_a_run_started_off_stays_off_on_a_worker_with_the_flag_on(
+    server: DevServer, tq: str, bank: Bank, who: str
+) -> None:
+    on, off = await _client(server, True), await _client(server, False)
+    async with running_worker(off, tq):
+        handle = await start_agent(off, tq, plan(step("transfer", bank.url, 10, who)))
+        req = await pending_of(off, handle)  # "off" is pinned by its marker at this point
+    async with running_worker(on, tq):
+        await approvals.approve(on, handle.id, req.step, args_hash=req.args_hash, by="ops")
+        out: Any = await asyncio.wait_for(handle.result(), 30)
+    assert "ok" in out[0], out
+    assert bank.count(who) == 1
+    history = await handle.fetch_history()
+    assert _count(history, EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED) == 0
+    assert _pending_upserts(history) == []  # the worker with the flag on upserted nothing
+    assert _patches(history) == [SEARCH_ATTRIBUTES_OFF_PATCH]
+
+
+@pytest.mark.parametrize("flag", [True, False], ids=["flag-on", "flag-off"])
+async def test_a_history_that_recorded_on_as_a_marker_still_replays(flag: bool) -> None:
+    # exactcall 0.1.0 workers recorded "on" as a marker too (approval_pinned_on.json)
+    raw = json.loads((HISTORIES / "approval_pinned_on.json").read_text())
+    history = WorkflowHistory.from_json("hist-approval", raw)
     assert _patches(history) == [SEARCH_ATTRIBUTES_ON_PATCH]
+    assert _pending_upserts(history)[0] is True
+    await _replay(history, search_attributes=flag)

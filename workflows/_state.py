@@ -58,9 +58,14 @@ SEARCH_ATTRIBUTES_ON_PATCH = "exactcall.search-attributes.on"
 SEARCH_ATTRIBUTES_OFF_PATCH = "exactcall.search-attributes.off"
 """Patch markers that pin, in a workflow run's own history, whether it upserts exactcall's
 search attributes: the choice is made once per run, at its first upsert, from the worker's
-``Plugin(search_attributes=...)``; replays and later tasks follow the marker, whatever the
+``Plugin(search_attributes=...)``; replays and later tasks follow the history, whatever the
 flag of the worker that runs them (an upsert command present or absent would otherwise fail
-replay with a nondeterminism error after a rolling change of the flag)."""
+replay with a nondeterminism error after a rolling change of the flag).
+
+Only the choice "off" is recorded (SEARCH_ATTRIBUTES_OFF_PATCH): a run with no marker upserts
+them. A patch marker costs two history events and a visibility write (Temporal also upserts
+``TemporalChangeVersion`` with it), so the default pays nothing. Histories recorded while
+"on" was recorded too (SEARCH_ATTRIBUTES_ON_PATCH) still replay: their marker is consumed."""
 PENDING_KEY = SearchAttributeKey.for_bool(PENDING_ATTRIBUTE)
 
 
@@ -166,28 +171,28 @@ def _state_of(instance: Any) -> WorkflowState | None:
 
 
 def _pin_search_attributes(flag: bool) -> bool:
-    """Record (or, replaying, read back) this run's choice as one of two patch markers.
+    """Record (or, replaying, read back) this run's choice.
 
-    Not replaying, the first ``patched`` call records the marker of the worker's flag. Replaying,
-    each returns True only if its marker is in the history, so the recorded choice wins. Neither
-    marker: a history from before the choice was pinned; it ran by its worker's flag, as now."""
-    first, other = (
-        (SEARCH_ATTRIBUTES_ON_PATCH, SEARCH_ATTRIBUTES_OFF_PATCH)
-        if flag
-        else (SEARCH_ATTRIBUTES_OFF_PATCH, SEARCH_ATTRIBUTES_ON_PATCH)
-    )
-    if workflow.patched(first):
-        return flag
-    if workflow.patched(other):
-        return not flag
-    return flag
+    Not replaying: "off" is recorded as a patch marker, "on" is not recorded (no marker means
+    on). Replaying, ``patched`` returns True only for a marker that is in the history (and adds
+    no command for one that is not), so the recorded choice wins over the replaying worker's
+    flag. Not replaying, ``patched`` always records its marker, so it is called only for "off".
+    """
+    if workflow.unsafe.is_replaying():
+        if workflow.patched(SEARCH_ATTRIBUTES_ON_PATCH):  # recorded by exactcall 0.1 workers
+            return True
+        return not workflow.patched(SEARCH_ATTRIBUTES_OFF_PATCH)
+    if flag:
+        return True
+    workflow.patched(SEARCH_ATTRIBUTES_OFF_PATCH)
+    return False
 
 
 def pinned_search_attributes() -> bool:
     """Whether the current workflow run upserts exactcall's search attributes.
 
     Use it instead of ``current_config().search_attributes`` before an upsert: the choice is
-    recorded in the run's history at the first use (SEARCH_ATTRIBUTES_ON_PATCH), so it does not
+    pinned in the run's history at the first use (see SEARCH_ATTRIBUTES_ON_PATCH), so it does not
     change when a worker with another ``Plugin(search_attributes=...)`` replays the run."""
     return state().upserts_search_attributes()
 

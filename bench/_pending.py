@@ -5,7 +5,8 @@ One phase per flavour, each with its own worker subprocess and task queue on the
 memo and the ``ExactcallPending`` search attribute by hand and waits on a signal) first, then
 ``exactcall`` (``python -m exactcall worker``, ``ApprovedCall``: one
 ``@exactcall.tool(approval=True)`` call). The bare phase runs first so that a server holding
-more closed workflows slows exactcall's phase, not bare's.
+more closed workflows slows exactcall's phase, not bare's; ``--bare-last`` swaps the order, to
+see how much of a second phase's time is the server's (its JSON says ``"phase"``).
 
 The bench never waits on many results at once: every "until all" is a ``count_workflows``
 poll, and results are fetched afterwards, a few at a time (10,000 ``handle.result()`` long
@@ -426,12 +427,16 @@ class Phase:
 async def many_pending(
     client: Any, address: str, args: Any, log_dir: Path, server_pid: int | None
 ) -> dict[str, dict[str, Any]]:
-    """Both phases (bare first unless ``--skip-bare``); raw figures per flavour."""
+    """Both phases (bare first unless ``--bare-last``; none with ``--skip-bare``); raw figures
+    per flavour, with the order they ran in (``"phase"``)."""
     names = ["exactcall"] if args.skip_bare else ["bare", "exactcall"]
-    return {
-        name: await Phase(FLAVOURS[name], client, address, args, log_dir).run(server_pid)
-        for name in names
-    }
+    if args.bare_last:
+        names.reverse()
+    out = {}
+    for i, name in enumerate(names, 1):
+        out[name] = await Phase(FLAVOURS[name], client, address, args, log_dir).run(server_pid)
+        out[name]["phase"] = i
+    return out
 
 
 # -- the table -----------------------------------------------------------------------------

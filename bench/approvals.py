@@ -217,6 +217,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--skip-latency", action="store_true", help="only part b")
     ap.add_argument("--skip-pending", action="store_true", help="only part a")
     ap.add_argument("--skip-bare", action="store_true", help="part b without the bare phase")
+    ap.add_argument(
+        "--bare-last",
+        action="store_true",
+        help="part b: the exactcall phase first, then bare (the second phase runs on a server "
+        "that holds the first one's closed workflows, which makes it slower)",
+    )
     ap.add_argument("--json", type=Path, help="where to write the raw numbers")
     ap.add_argument(
         "--log-level", default="INFO", help="exactcall's log level (JSON lines to a .log file)"

@@ -101,21 +101,31 @@ async def test_a_run_replays_on_a_worker_with_the_other_flag(
     await _replay(history, search_attributes=not flag)
 
 
+async def _run_across(
+    server: DevServer, tq: str, bank: Bank, who: str, first: bool, then: bool
+) -> WorkflowHistory:
+    """A run that reaches pending on a worker with flag ``first`` and is approved, and ends,
+    on one with flag ``then``; its history, checked for a clean end and one payment."""
+    before, after = await _client(server, first), await _client(server, then)
+    async with running_worker(before, tq):
+        handle = await start_agent(before, tq, plan(step("transfer", bank.url, 10, who)))
+        req = await pending_of(before, handle)  # the run's choice is made by now
+    # the rest of the run on the other worker: it replays the start, then goes on
+    async with running_worker(after, tq):
+        await approvals.approve(after, handle.id, req.step, args_hash=req.args_hash, by="ops")
+        # unpinned, the replay drops (or adds) an upsert: a nondeterminism error, and it hangs
+        out: Any = await asyncio.wait_for(handle.result(), 30)
+    assert "ok" in out[0], out
+    assert bank.count(who) == 1
+    history = await handle.fetch_history()
+    assert _count(history, EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED) == 0
+    return history
+
+
 async def test_a_rolling_flag_change_mid_run_keeps_the_runs_choice(
     server: DevServer, tq: str, bank: Bank, who: str
 ) -> None:
-    on, off = await _client(server, True), await _client(server, False)
-    async with running_worker(on, tq):
-        handle = await start_agent(on, tq, plan(step("transfer", bank.url, 10, who)))
-        req = await pending_of(on, handle)  # the first upsert (pending: true) is in history
-    # the rest of the run on a worker with the flag off: it replays the start, then goes on
-    async with running_worker(off, tq):
-        await approvals.approve(off, handle.id, req.step, args_hash=req.args_hash, by="ops")
-        # unpinned, the replay drops the first upsert: a nondeterminism error, and it hangs
-        out: Any = await asyncio.wait_for(handle.result(), 30)
-    assert "ok" in out[0], out
-    history = await handle.fetch_history()
-    assert _count(history, EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED) == 0
+    history = await _run_across(server, tq, bank, who, first=True, then=False)
     # the choice made at the first upsert held: pending went back to false on the new worker
     upserts = _pending_upserts(history)
     assert upserts[0] is True and upserts[-1] is False, upserts
@@ -125,17 +135,7 @@ async def test_a_rolling_flag_change_mid_run_keeps_the_runs_choice(
 async def test_a_run_started_off_stays_off_on_a_worker_with_the_flag_on(
     server: DevServer, tq: str, bank: Bank, who: str
 ) -> None:
-    on, off = await _client(server, True), await _client(server, False)
-    async with running_worker(off, tq):
-        handle = await start_agent(off, tq, plan(step("transfer", bank.url, 10, who)))
-        req = await pending_of(off, handle)  # "off" is pinned by its marker at this point
-    async with running_worker(on, tq):
-        await approvals.approve(on, handle.id, req.step, args_hash=req.args_hash, by="ops")
-        out: Any = await asyncio.wait_for(handle.result(), 30)
-    assert "ok" in out[0], out
-    assert bank.count(who) == 1
-    history = await handle.fetch_history()
-    assert _count(history, EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED) == 0
+    history = await _run_across(server, tq, bank, who, first=False, then=True)
     assert _pending_upserts(history) == []  # the worker with the flag on upserted nothing
     assert _patches(history) == [SEARCH_ATTRIBUTES_OFF_PATCH]
 

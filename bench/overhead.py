@@ -45,6 +45,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # `python bench/overhead.py` puts it there already
     sys.path.insert(0, str(HERE))
 
+from _accounting import RECORD_DELAY, records_living  # noqa: E402
 from _guard import watch  # noqa: E402
 
 MODES = ("bare", "exactcall")
@@ -389,9 +390,6 @@ def fmt(v: float | None) -> str:
 
 
 # -- profile: an instrumented copy of the tool activity ------------------------------------
-RECORD_DELAY = timedelta(seconds=1)  # the records' lifetime while the profile runs
-
-
 @dataclass(frozen=True)
 class Variant:
     """A change to the package's protocol (the first attempt's fast path only). The package
@@ -594,14 +592,9 @@ async def rpc_costs(client: Any, meter: CpuMeter, n: int = 200) -> dict[str, dic
     """Latency and CPU of the RPCs a call adds, one at a time, with no worker on the queue:
     the record start as the package's Record.claim sends it, a bare start of the same input,
     and a marker signal (Record.mark, as the package sends it; the happy path sends none)."""
-    from exactcall.activities import _records
-
     # the package's lifetime here (the profile shortens it): marks go to open records
-    saved, _records.RECORD_LIFETIME = _records.RECORD_LIFETIME, timedelta(minutes=5)
-    try:
+    with records_living(timedelta(minutes=5)):
         return await _rpc_costs(client, meter, n)
-    finally:
-        _records.RECORD_LIFETIME = saved
 
 
 async def _rpc_costs(client: Any, meter: CpuMeter, n: int) -> dict[str, dict[str, float]]:
@@ -656,7 +649,6 @@ async def profile(
     """Run the profile; ``done(figures)`` is called before the workers shut down (a crash at
     worker shutdown, sdk-python #300, must not lose the figures)."""
     from _bench_workflows import BareCalls, ExactCalls, bare_work
-    from exactcall.activities import _records
     from exactcall.activities._records import Record
 
     import exactcall
@@ -671,10 +663,8 @@ async def profile(
     m = args.profile_m
     # label -> (task queue, mode, sink, client)
     configs: dict[str, tuple[str, str, Sink, Any]] = {}
-    saved = _records.RECORD_LIFETIME
-    _records.RECORD_LIFETIME = RECORD_DELAY  # the records close (by themselves) in the window
     async with contextlib.AsyncExitStack() as stack:
-        stack.callback(setattr, _records, "RECORD_LIFETIME", saved)
+        stack.enter_context(records_living(RECORD_DELAY))  # they close in the window
         tq = f"bench-prof-{run_id}"
         await stack.enter_async_context(
             build_worker(main_client, tq, [BareCalls, ExactCalls], activities=[bare_work])

@@ -105,13 +105,7 @@ async def main() -> None:
             if wanted("reconciliation_marked", "reconciliation_marked_agent"):
                 await _save_reconciliation(client, bank, "reconciliation_marked")
             # the per-key record of the first payment
-            hist = await h.fetch_history()
-            intent_payload = next(
-                e.activity_task_scheduled_event_attributes.input.payloads
-                for e in hist.events
-                if e.HasField("activity_task_scheduled_event_attributes")
-            )
-            [intent] = await client.data_converter.decode(intent_payload, [Intent])
+            intent = await anext(_intents(client, h.id))
             rec = Record(client, intent)
             await _save(client, rec.id, "call_record")
     os._exit(0)

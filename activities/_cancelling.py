@@ -181,13 +181,25 @@ class Cancellation:
         """The settling attempt: what do the markers say? It never calls the tool."""
         a = self.attempt
         async with a._keepalive(a._unchanged_details(), via_worker=False):
-            view = await a.record.read()
+            view = await a.record.read(claimant=False)
         state = view.state if view is not None else None
         mine = (
             state is not None
             and state.intent.args_hash == a.intent.args_hash
             and (state.final or state.owner == a.owner)
         )
+        if view is None and (doubt := await a.own_chain_doubt()):
+            # the run holds its workflow id's claim, so its chain wrote no record on the
+            # happy path: its history says whether an attempt may have called the tool
+            reason = (
+                "the call was cancelled while an earlier attempt may have called the tool "
+                f"({doubt})"
+            )
+            await a._unknown(reason)
+            raise AmbiguousOutcome(
+                f"{a.intent.tool} {a.intent.step}: outcome unknown; not re-sent. {reason}",
+                **a._fields(reason=reason),
+            )
         if view is None or state is None or not mine or state.phase == "idle":
             why = "its key is free" if state is None or mine else "another run holds its key"
             raise ApplicationError(

@@ -38,6 +38,8 @@ from exactcall._model import Intent, Owner, RecordEvent, RecordInit, RecordState
 from exactcall._ui import call_summary
 from exactcall._verdicts import reconcile_id
 
+from . import _runs as runs
+
 __all__ = ["RECORD_LIFETIME", "Record", "RecordView", "record_timing"]
 
 RECORD_LIFETIME = timedelta(minutes=5)
@@ -146,15 +148,18 @@ class Record:
             return False
         return True
 
-    async def read(self) -> RecordView | None:
-        """What the key says; None if it has no record.
+    async def read(self, *, claimant: bool = True) -> RecordView | None:
+        """What the key says; None if nothing says anything of it.
 
         The markers, and, while they say ``calling``, the owner's own activity: when it
         completed, its result is the call's (the happy path writes no marker after the
-        claim).
+        claim). With no record, the run that holds the workflow id's claim (``_runs``) made
+        the call on its fast path, if anyone did: its activity says (``claimant``).
         """
         view = await self._fold()
-        if view is None or view.state.phase != "calling":
+        if view is None:
+            return await self._claimant_view() if claimant else None
+        if view.state.phase != "calling":
             return view
         done = await self._owner_completed(view.state)
         if done is None:
@@ -195,6 +200,27 @@ class Record:
         if state is None or since is None:
             return None
         return RecordView(state=state, since=since, closed=closed)
+
+    async def _claimant_view(self) -> RecordView | None:
+        """The call as the claimant run's history and describe show it (no record)."""
+        wid = self._intent.workflow_id
+        holder = await runs.holder(self._client, wid)
+        if not holder:
+            return None
+        seen = await runs.claimant_call(self._client, wid, holder, self._intent.key)
+        if seen.verdict in ("absent", "not_called", "open") or seen.intent is None:
+            return None
+        try:
+            intent = Intent.model_validate(seen.intent)
+        except ValueError:
+            intent = self._intent
+        owner = Owner(run_id=holder, activity_id=seen.activity_id)
+        state = RecordState(intent=intent, phase="calling", owner=owner, reason=seen.why or None)
+        if seen.verdict == "done":
+            done = RecordEvent(kind="done", owner=owner, attempt=0, result=seen.result)
+            state = state.apply(done)
+        since = seen.scheduled_at or datetime.now(UTC)
+        return RecordView(state=state, since=since, closed=True)
 
     async def _owner_completed(self, state: RecordState) -> RecordEvent | None:
         """The owner's activity completion, as a ``done`` marker; None if it has none (yet).
@@ -248,13 +274,14 @@ class Record:
             await asyncio.sleep(0.1)
 
     async def wait_done(self, grace: timedelta) -> RecordView | None:
-        """Poll the record for up to ``grace`` for a still-running attempt to finish."""
+        """Poll the record for up to ``grace`` for a still-running attempt to finish (and
+        write its outcome: a late attempt of a closed run may be the one that creates it)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace.total_seconds()
-        view = await self.read()
-        while view is not None and not view.state.final and loop.time() < deadline:
+        view = await self.read(claimant=False)
+        while (view is None or not view.state.final) and loop.time() < deadline:
             await asyncio.sleep(0.25)
-            view = await self.read()
+            view = await self.read(claimant=False)
         return view
 
 

@@ -52,10 +52,11 @@ from exactcall._errors import (
     ResultNotSerializable,
 )
 from exactcall._metrics import observed_attempt
-from exactcall._model import Intent, Owner, RecordEvent
+from exactcall._model import Intent, Owner, RecordEvent, RecordState
 from exactcall._tool import Tool
 from exactcall._verdicts import RECONCILE_WORKFLOW, CallAbandoned, reconcile_id
 
+from . import _runs as runs
 from ._cancelling import BY_WORKFLOW, Cancellation, ToolCancelled, durably
 from ._records import Record, RecordView
 
@@ -67,11 +68,14 @@ REPORTED: Any = object()
 """An attempt's return value when it completed its activity itself (by task token)."""
 
 
-def tool_activity(t: Tool) -> Callable[[Intent], Awaitable[Any]]:
-    """The Temporal activity (named like the tool) that runs ``t`` under exactcall."""
+def tool_activity(t: Tool, *, run_claims: bool = True) -> Callable[[Intent], Awaitable[Any]]:
+    """The Temporal activity (named like the tool) that runs ``t`` under exactcall.
+
+    ``run_claims``: claim each workflow id once per run (``_runs``); False claims every call
+    with a per-call record, as exactcall 0.1 did."""
 
     async def run(intent: Intent) -> Any:
-        attempt = Attempt(t, intent)
+        attempt = Attempt(t, intent, run_claims=run_claims)
         with observed_attempt(attempt):  # the call's outcome metric, and its span
             result = await attempt.run()
         if result is REPORTED:  # completed by its task token already: nothing to send
@@ -89,10 +93,17 @@ class Attempt:
     deduplicated = False
     """The record already had the call's result (for the outcome metric and span)."""
     claimed = False
-    """This attempt created the call's record (its completion will be the done marker)."""
+    """This attempt owns the call: it created the call's record, or its run holds the
+    workflow id's claim (its completion will be the done marker)."""
+    beaten = False
+    """This attempt's pre-call heartbeat ("calling") is written."""
+    fast = False
+    """This attempt's run holds the workflow id's claim (no per-call record on the happy
+    path)."""
 
-    def __init__(self, t: Tool, intent: Intent) -> None:
+    def __init__(self, t: Tool, intent: Intent, *, run_claims: bool = True) -> None:
         info = activity.info()
+        self.run_claims = run_claims
         self.tool = t
         self.intent = intent
         self.info = info
@@ -142,25 +153,145 @@ class Attempt:
         maybe_crash("before_claim", self.intent.tool, self.info.attempt, self.intent.step)
         if self.previous_phase == "done":
             return await self._finish_recording()
+        if self.in_reconciliation:  # a re-run by the reconciliation: its record says it all
+            return await self._settle_by_record()
+        if not self.run_claims:  # per-call records; the run's claim names no run
+            client = activity.client()
+            await runs.claimant(client, self.intent, self.owner.run_id, fast=False)
+            return await self._settle_by_record()
+        if self.previous_phase is None:
+            # first word of this chain: the run's claim (cached after the run's first call)
+            # and the pre-call heartbeat, in parallel (one round trip)
+            both = asyncio.gather(
+                runs.claimant(activity.client(), self.intent, self.owner.run_id),
+                self._beat({"phase": "calling", "attempt": self.info.attempt}, via_worker=False),
+            )
+            holder, _ = await durably(both, self.cancel.by_worker)
+            self.beaten = True
+        else:
+            holder = await durably(
+                runs.claimant(activity.client(), self.intent, self.owner.run_id),
+                self.cancel.by_worker,
+            )
+        if holder == self.owner.run_id:
+            return await self._settle_fast()
+        return await self._settle_slow(holder)
+
+    @property
+    def in_reconciliation(self) -> bool:
+        return self.info.workflow_id == reconcile_id(self.intent.key)
+
+    async def _settle_fast(self) -> Any:
+        """The claimant run: no earlier run of its workflow id made calls, so this chain's
+        own heartbeats (and the per-call record, written only off the happy path) say
+        everything about this call."""
+        self.fast = True
+        if self.beaten:  # nothing earlier in this chain: the pre-call heartbeat is written
+            self.claimed = True
+            return await self._call(beat=False)
+        async with self._keepalive(self._unchanged_details(), via_worker=False):
+            view = await self.record.read(claimant=False)
+        if view is not None:
+            return await self._by_record(view)
+        if self.previous_phase == "calling":  # an earlier attempt may have called it
+            return await self._maybe_called(self._own_calling_view())
+        self.claimed = True  # released earlier, with no record since (retention): never called
+        return await self._call()
+
+    def _own_calling_view(self) -> RecordView:
+        """What the per-call record would say had the fast path written one."""
+        state = RecordState(intent=self.intent, phase="calling", owner=self.owner)
+        return RecordView(state=state, since=self.info.scheduled_time, closed=True)
+
+    async def _settle_slow(self, holder: str) -> Any:
+        """Any run but the claimant: the per-call records hold what every other run did;
+        the claimant's own calls are read from its history and describe."""
+        if holder:
+            seen = await runs.claimant_call(
+                activity.client(), self.intent.workflow_id, holder, self.intent.key
+            )
+            if seen.verdict == "open":
+                # the claimant is open, so this attempt's own run has closed (one open run
+                # per id): the claimant owns the call now; this stale attempt calls nothing
+                raise ApplicationError(
+                    f"{self.intent.tool} {self.intent.step}: this attempt's run has closed "
+                    "and another run of the workflow id holds its calls; nothing was executed",
+                    {"error_type": "StaleAttempt", "attempt": self.info.attempt},
+                    type=NotExecuted.code,
+                    non_retryable=True,
+                )
+            if seen.verdict in ("done", "in_doubt") and seen.args_hash != self.intent.args_hash:
+                raise self._conflict(str(seen.args_hash))
+            if seen.verdict == "done":
+                self.deduplicated = True
+                self.log.info("tool.deduplicated", recorded_by=holder)
+                return seen.result
+            if seen.verdict == "in_doubt":
+                async with self._keepalive(self._unchanged_details(), via_worker=False):
+                    view = await self.record.read(claimant=False)
+                if view is not None and view.state.final:
+                    return await self._by_record(view)
+                if view is None or view.state.phase != "unknown":
+                    chain = Owner(run_id=holder, activity_id=self.owner.activity_id)
+                    since = seen.scheduled_at or self.info.scheduled_time
+                    state = RecordState(intent=self.intent, phase="calling", owner=chain)
+                    view = RecordView(state=state, since=since, closed=True)
+                return await self._maybe_called(view, why=seen.why)
+        return await self._settle_by_record()
+
+    async def _settle_by_record(self) -> Any:
+        """The per-call record protocol: claim the key's record, or follow what it says."""
         if await self._claim_and_beat():
             return await self._call(beat=False)
         async with self._keepalive(self._unchanged_details(), via_worker=False):
-            view = await self.record.read()
+            view = await self.record.read(claimant=False)
         if view is None:  # a record that vanished (retention): claim it anew
             if await self.record.claim(self.owner, self.info.attempt):
                 self.claimed = True
                 return await self._call()
             view = await self._must_read()
+        return await self._by_record(view)
+
+    async def own_chain_doubt(self) -> str:
+        """For the settling attempt of a cancelled chain that left no record: why that chain
+        may have called the tool, when this run holds the claim ("" when it cannot have, or
+        when the run used per-call records, whose absence then says it was never called)."""
+        if self.in_reconciliation or not self.run_claims:
+            return ""
+        client = activity.client()
+        holder = await runs.claimant(client, self.intent, self.owner.run_id)
+        if holder != self.owner.run_id:
+            return ""
+        chains = await runs.run_chains(client, self.intent.workflow_id, self.owner.run_id)
+        chain_id = self.owner.activity_id
+        mine = [c for c in chains.get(self.intent.key, []) if c.activity_id == chain_id]
+        if not mine:
+            return ""
+        for chain in mine:
+            if chain.done:
+                return "its activity completed"  # not reached: a completion is reported
+            if chain.started or not chain.cancelled_unstarted():
+                return (
+                    "its activity was cancelled after an attempt may have started"
+                    if chain.closed
+                    else "its activity has no outcome yet"
+                )
+        return ""
+
+    def _conflict(self, recorded_hash: str) -> IntentConflict:
+        self.log.warning("tool.conflict", recorded_hash=recorded_hash)
+        return IntentConflict(
+            f"key {self.intent.key} (step {self.intent.step!r} of {self.intent.workflow_id})"
+            f" already ran {self.intent.tool} with args hash {recorded_hash}; "
+            f"this call has {self.intent.args_hash}. Nothing was executed. Use another "
+            "key= for a different call.",
+            **self._fields(recorded_hash=recorded_hash),
+        )
+
+    async def _by_record(self, view: RecordView) -> Any:
         state = view.state
         if state.intent.args_hash != self.intent.args_hash:
-            self.log.warning("tool.conflict", recorded_hash=state.intent.args_hash)
-            raise IntentConflict(
-                f"key {self.intent.key} (step {self.intent.step!r} of {self.intent.workflow_id})"
-                f" already ran {state.intent.tool} with args hash {state.intent.args_hash}; "
-                f"this call has {self.intent.args_hash}. Nothing was executed. Use another "
-                "key= for a different call.",
-                **self._fields(recorded_hash=state.intent.args_hash),
-            )
+            raise self._conflict(state.intent.args_hash)
         if state.final:
             return self._recorded(view)
         if state.phase == "idle" or (
@@ -175,7 +306,7 @@ class Attempt:
             return await self._call()
         return await self._maybe_called(view)
 
-    async def _maybe_called(self, view: RecordView) -> Any:
+    async def _maybe_called(self, view: RecordView, why: str = "") -> Any:
         """The tool may have run already (this chain or another)."""
         if self._may_recall(view):
             self.log.info("tool.recall_same_key", reason="provider-idempotent")
@@ -198,6 +329,11 @@ class Attempt:
             "an earlier attempt may have called the tool and did not record a result "
             f"(it crashed or timed out; record phase {view.state.phase!r})"
         )
+        if why:
+            reason = (
+                "an attempt of the run that first made this call may have called the tool "
+                f"and did not record a result ({why})"
+            )
         await self._unknown(reason)
         raise AmbiguousOutcome(
             f"{self.intent.tool} {self.intent.step}: outcome unknown; not re-sent. {reason}",
@@ -240,6 +376,11 @@ class Attempt:
         """
         if self.previous_phase == "calling":  # keep what the earlier attempt wrote
             return False
+        if self.beaten:  # the pre-call heartbeat went with the run's claim
+            self.claimed = await durably(
+                self.record.claim(self.owner, self.info.attempt), self.cancel.by_worker
+            )
+            return self.claimed
         both = asyncio.gather(
             self.record.claim(self.owner, self.info.attempt),
             # to the server only: the keepalive beats through the worker while the tool runs,
@@ -323,6 +464,10 @@ class Attempt:
         if opts.provider_idempotent is not False and retried and not self._final_attempt(exc):
             # the provider dedupes on the key: the next attempt re-calls with the same key
             self.log.warning("tool.error_retry_same_key", error=_describe(exc))
+            if self.fast:
+                # off the happy path, the fast path writes the record too: a cancel in the
+                # back-off leaves no trace of this attempt in the history
+                await self._mark("calling")
             raise ApplicationError(
                 _describe(exc), type="ToolError", next_retry_delay=self._backoff()
             ) from exc
@@ -446,7 +591,7 @@ class Attempt:
             self.log.warning("tool.reconcile_start_deferred", error=_describe(exc))
 
     async def _must_read(self) -> RecordView:
-        view = await self.record.read()
+        view = await self.record.read(claimant=False)
         if view is None:
             raise ExactcallError(f"the record of key {self.intent.key} cannot be read")
         return view

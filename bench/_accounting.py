@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from exactcall.activities import _records
+from exactcall.activities import _records, _runs
 from exactcall.workflows import RECORD_WORKFLOW, record_id
 from temporalio.client import Client
 
@@ -51,12 +51,12 @@ window measured (the package's is ``_records.RECORD_LIFETIME``, 5 minutes)."""
 @contextlib.contextmanager
 def records_living(lifetime: timedelta) -> Iterator[None]:
     """Records claimed inside close by themselves after ``lifetime``."""
-    saved = _records.RECORD_LIFETIME
-    _records.RECORD_LIFETIME = lifetime
+    saved = _records.RECORD_LIFETIME, _runs.CLAIM_LIFETIME
+    _records.RECORD_LIFETIME = _runs.CLAIM_LIFETIME = lifetime
     try:
         yield
     finally:
-        _records.RECORD_LIFETIME = saved
+        _records.RECORD_LIFETIME, _runs.CLAIM_LIFETIME = saved
 
 
 def scrape(url: str, namespace: str) -> dict[str, float]:
@@ -82,8 +82,9 @@ def diff(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
 
 async def records_open(client: Client, task_queue: str, since: datetime) -> int:
     """Records claimed since ``since`` still open (earlier phases' wait out 5 minutes)."""
+    types = f"WorkflowType IN ('{RECORD_WORKFLOW}', '{_runs.RUN_CLAIM_WORKFLOW}')"
     q = (
-        f"WorkflowType = '{RECORD_WORKFLOW}' AND TaskQueue = '{task_queue}' "
+        f"{types} AND TaskQueue = '{task_queue}' "
         f"AND ExecutionStatus = 'Running' AND StartTime >= '{since.isoformat()}'"
     )
     return (await client.count_workflows(q)).count
@@ -102,6 +103,65 @@ async def until_records_closed(
 async def history_bytes(client: Client, workflow_id: str) -> int:
     desc = await client.get_workflow_handle(workflow_id).describe()
     return int(desc.raw_description.workflow_execution_info.history_size_bytes)
+
+
+async def written_bytes(client: Client, workflow_id: str, keys: list[str]) -> int:
+    """History bytes of what exactcall wrote besides the calling workflow: the workflow id's
+    run claim and every per-call record (a run that holds its claim writes none)."""
+    total = 0
+    for wid in (_runs.run_claim_id(workflow_id), *(record_id(k) for k in keys)):
+        with contextlib.suppress(Exception):  # not there: nothing written
+            total += await history_bytes(client, wid)
+    return total
+
+
+async def account_run(bench: Any, metrics_url: str | None, k: int) -> dict[str, Any]:
+    """Requests and history bytes per call in one workflow making ``k`` calls, per mode."""
+    client: Client = bench.client
+    tq, ns = bench.task_queue, bench.client.namespace
+    out: dict[str, Any] = {"k": k}
+    with records_living(RECORD_DELAY):
+        for mode in ("bare", "exactcall"):
+            await asyncio.sleep(REPORT_DELAY_S)
+            before_req = scrape(metrics_url, ns) if metrics_url else None
+            since = datetime.now(UTC)
+            await bench.run_one(mode, k)
+            wid = bench.last_id
+            if mode == "exactcall":
+                await until_records_closed(client, tq, since)
+            row: dict[str, Any] = {"history_bytes": await history_bytes(client, wid)}
+            if mode == "exactcall":
+                steps = (f"ec_work#{i}" for i in range(1, k + 1))
+                keys = [derive_key(ns, wid, step, "ec_work", "1") for step in steps]
+                row["written_bytes"] = await written_bytes(client, wid, keys)
+            if before_req is not None and metrics_url:
+                await asyncio.sleep(REPORT_DELAY_S)
+                row["requests"] = diff(scrape(metrics_url, ns), before_req)
+            out[mode] = row
+    bare, ec = out["bare"], out["exactcall"]
+    out["history_bytes_ratio"] = (ec["history_bytes"] + ec["written_bytes"]) / bare["history_bytes"]
+    if "requests" in bare and "requests" in ec:
+        factor = bare["requests"].get("StartWorkflowExecution", 0)  # one workflow per mode
+        if factor:
+            out.update(extra_requests(bare["requests"], ec["requests"], k * factor, 3))
+    return out
+
+
+def extra_requests(
+    bare: dict[str, float], ec: dict[str, float], per: float, digits: int
+) -> dict[str, Any]:
+    """exactcall's requests beyond bare's, by operation and in all, divided by ``per``."""
+    per_call = {op: (ec.get(op, 0) - bare.get(op, 0)) / per for op in sorted(set(ec) | set(bare))}
+    # polls are a worker asking for work (one per task it gets, plus idle re-polls); worker
+    # heartbeats are per worker and second: neither is a request of the call's
+    caused = {k: v for k, v in per_call.items() if k not in WORKER_OWN}
+    return {
+        "extra_requests_by_operation": {
+            op: round(v, digits) for op, v in per_call.items() if abs(v) >= 5 * 10**-digits
+        },
+        "extra_requests_per_call": round(sum(caused.values()), digits),
+        "extra_requests_with_polls": round(sum(per_call.values()), digits),
+    }
 
 
 async def account(bench: Any, metrics_url: str | None, n: int, m: int) -> dict[str, Any]:
@@ -124,7 +184,7 @@ async def account(bench: Any, metrics_url: str | None, n: int, m: int) -> dict[s
             row: dict[str, Any] = {"history_bytes": await history_bytes(client, last_id)}
             if mode == "exactcall":
                 key = derive_key(ns, last_id, "ec_work#1", "ec_work", "1")
-                row["record_history_bytes"] = await history_bytes(client, record_id(key))
+                row["record_history_bytes"] = await written_bytes(client, last_id, [key])
             if before_req is not None and metrics_url:
                 await asyncio.sleep(REPORT_DELAY_S)
                 row["requests"] = diff(scrape(metrics_url, ns), before_req)
@@ -158,16 +218,5 @@ def with_ratios(out: dict[str, Any]) -> dict[str, Any]:
         factor = bare["requests"].get("StartWorkflowExecution", 0) / n
         out["metric_counts_each_request"] = factor
         if factor:
-            per_call = {
-                op: (ec["requests"].get(op, 0) - bare["requests"].get(op, 0)) / n / factor
-                for op in sorted(set(ec["requests"]) | set(bare["requests"]))
-            }
-            out["extra_requests_by_operation"] = {
-                op: round(v, 2) for op, v in per_call.items() if abs(v) >= 0.05
-            }
-            # polls are a worker asking for work (one per task it gets, plus idle re-polls);
-            # worker heartbeats are per worker and second: neither is a request of the call's
-            caused = {k: v for k, v in per_call.items() if k not in WORKER_OWN}
-            out["extra_requests_per_call"] = round(sum(caused.values()), 2)
-            out["extra_requests_with_polls"] = round(sum(per_call.values()), 2)
+            out.update(extra_requests(bare["requests"], ec["requests"], n * factor, 2))
     return out

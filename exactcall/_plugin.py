@@ -99,6 +99,7 @@ class Plugin(SimplePlugin):
         approver_keys: Mapping[str, Any] | None = None,
         search_attributes: bool = True,
         mcp_servers: Mapping[str, Any] | None = None,
+        run_claims: bool = True,
     ) -> None:
         """``approver_keys``: approver name -> Ed25519 public key (PEM, raw bytes or key
         object); when given, only decisions signed by those keys are accepted.
@@ -109,7 +110,12 @@ class Plugin(SimplePlugin):
         ``mcp_servers``: server name -> a stdio command (list of strings), a streamable HTTP
         URL or an ``exactcall.mcp.McpServerSpec``, for ``exactcall.mcp.tool`` tools; the
         worker opens each on first use and closes it when it stops (needs the ``mcp``
-        extra)."""
+        extra).
+        ``run_claims``: prove once per workflow run that no earlier run of its workflow id
+        made calls (one claim record per workflow id), so the run's calls need no per-call
+        record; False claims every call with a per-call record, as exactcall 0.1 did (see
+        the README's upgrade notes)."""
+        self._run_claims = run_claims
         self._tools = list(tools) if tools is not None else None
         self._mcp = _mcp_pool(mcp_servers) if mcp_servers else None
         config = WorkflowConfig(
@@ -140,7 +146,7 @@ class Plugin(SimplePlugin):
         probes = [probe_activity(t) for t in tools if t.options.reconcile is not None]
         return [
             *(existing or []),
-            *(tool_activity(t) for t in tools),
+            *(tool_activity(t, run_claims=self._run_claims) for t in tools),
             *probes,
             await_settled,
             mark_record,

@@ -31,9 +31,11 @@ __all__ = [
     "DETAILS_LIMIT",
     "PENDING_MARK",
     "RECORD_TYPE",
+    "RUN_CLAIM_TYPE",
     "SAVED_VIEWS",
     "SUMMARY_LIMIT",
     "call_summary",
+    "claim_summary",
     "intent_details",
     "parked_details",
     "pending_details",
@@ -93,6 +95,18 @@ def call_summary(intent: Intent, prefix: str = "") -> str:
     while _size(text) > SUMMARY_LIMIT and wid:
         wid = wid[: len(wid) // 2]
         text = f"{prefix}{intent.tool} {intent.step} of workflow {wid}…{tail}"
+    return text if _size(text) <= SUMMARY_LIMIT else text[: SUMMARY_LIMIT // 6]
+
+
+def claim_summary(workflow_id: str, run_id: str) -> str:
+    """One line for a workflow id's run claim: which run may make calls without per-call
+    records (none: ``run_id`` is empty), the workflow id cut to fit."""
+    who = f"run {run_id}" if run_id else "no run (per-call records)"
+    wid = workflow_id
+    text = f"run claim of workflow {wid}: {who}"
+    while _size(text) > SUMMARY_LIMIT and wid:
+        wid = wid[: len(wid) // 2]
+        text = f"run claim of workflow {wid}…: {who}"
     return text if _size(text) <= SUMMARY_LIMIT else text[: SUMMARY_LIMIT // 6]
 
 
@@ -234,11 +248,16 @@ def parked_details(intent: Intent, reason: str, since: datetime, cancelled: bool
 # -- saved views -----------------------------------------------------------------------------
 RECORD_TYPE = "exactcall.CallRecord"
 """The call record's workflow type (``exactcall.workflows.RECORD_WORKFLOW``)."""
+RUN_CLAIM_TYPE = "exactcall.RunClaim"
+"""The workflow type of a workflow id's run claim (never registered: it runs no code)."""
 
 SAVED_VIEWS = {
     "Awaiting approval": f"{PENDING_ATTRIBUTE} = true AND ExecutionStatus = 'Running'",
     "Parked calls": f"{UNRESOLVED_ATTRIBUTE} = true AND ExecutionStatus = 'Running'",
-    "My workflows": f"WorkflowType != '{RECORD_TYPE}' AND WorkflowType != '{RECONCILE_WORKFLOW}'",
+    "My workflows": (
+        f"WorkflowType != '{RECORD_TYPE}' AND WorkflowType != '{RECONCILE_WORKFLOW}' "
+        f"AND WorkflowType != '{RUN_CLAIM_TYPE}'"
+    ),
 }
 """Visibility queries for the Temporal UI's saved views: calls waiting for a person, calls
 parked for a verdict, and the user's own workflows without exactcall's records and

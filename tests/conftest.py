@@ -13,8 +13,9 @@ import pytest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Worker
 
+import exactcall
 from exactcall._server import DevServer
-from exactcall._worker import build_worker
+from exactcall._worker import Connection, build_worker, connect
 from exactcall.demo.bank import Bank
 from exactcall.testing import WorkerProcess as TestingWorker
 from tests import tools
@@ -57,6 +58,21 @@ async def running_worker(client: Client, task_queue: str, **kw: Any) -> AsyncIte
     worker = build_worker(client, task_queue, WORKFLOWS, activities=ACTIVITIES, **kw)
     async with worker:
         yield worker
+
+
+async def per_call_client(server: DevServer) -> Client:
+    """A client (and so its workers) that claims every call with a per-call record
+    (``Plugin(run_claims=False)``): the protocol of every run but a workflow id's first."""
+    conn = Connection(address=server.address, namespace="default")
+    return await connect(conn, plugin=exactcall.Plugin(run_claims=False))
+
+
+@pytest.fixture
+async def per_call(server: DevServer, tq: str) -> AsyncIterator[Client]:
+    """A per-call-record client, with a worker on ``tq``."""
+    client = await per_call_client(server)
+    async with running_worker(client, tq):
+        yield client
 
 
 @pytest.fixture

@@ -20,12 +20,12 @@ from exactcall.workflows import MARK_SIGNAL, record_id
 from temporalio.api.enums.v1 import EventType, PendingActivityState
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import CancelledError
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 import exactcall
 from exactcall import Intent, RecordState, approvals, reconciliation
-from exactcall._model import RecordEvent
+from exactcall._model import RecordEvent, RecordInit
 from exactcall._server import DevServer
 from exactcall._verdicts import Settled
 from exactcall._worker import build_worker
@@ -96,13 +96,27 @@ async def activity_ids(handle: WorkflowHandle[Any, Any]) -> list[str]:
     ]
 
 
+_OPENED_BY = {"idle": "released", "unknown": "unknown", "calling": "calling", "done": "done"}
+
+
 async def marks(client: Client, intent: Intent) -> list[str]:
     """The markers written to a key's record after its claim, in order (e.g. "released"), and
     "completed" when the call is done by its owner's activity completion (the attempt that
     claimed the record writes no marker for it: its completion is the done marker)."""
     handle = client.get_workflow_handle(record_id(intent.key))
     out = []
-    async for ev in handle.fetch_history_events():
+    try:
+        events = [ev async for ev in handle.fetch_history_events()]
+    except RPCError as exc:
+        if exc.status != RPCStatusCode.NOT_FOUND:
+            raise
+        events = []  # no record: a run that holds its claim writes none on the happy path
+    for ev in events:
+        if ev.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
+            attrs_st = ev.workflow_execution_started_event_attributes
+            [init] = await client.data_converter.decode(attrs_st.input.payloads, [RecordInit])
+            if init.state is not None:  # opened by a marker (no claim before the call)
+                out.append(_OPENED_BY[init.state.phase])
         if ev.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
             attrs = ev.workflow_execution_signaled_event_attributes
             if attrs.signal_name == MARK_SIGNAL:
@@ -173,7 +187,9 @@ async def test_cancelled_before_the_tool_started_nothing_happens(
     assert f"exactcall.settle:cancel_wait_then_pay[{never}]" in await activity_ids(handle)
     # the running one saw the cancellation and said it had not paid: its key is released
     ran = by_step[claimed[0]]
-    assert (await record(client, ran)).phase == "idle"
+    released = await record(client, ran)
+    assert released.phase == "idle"
+    assert "cancelled before paying" in (released.reason or "")  # the tool said so
     assert await marks(client, ran) == ["released"]
     assert bank.count(to=who) == bank.count(to=other) == 0
 

@@ -1,10 +1,12 @@
 """The call record's protocol on the happy path and after the record closed by itself.
 
-The attempt that claims a record writes nothing after the claim: its activity's completion
-(in the calling run's history) is the call's done marker, which ``Record.read()`` finds. A
-record never runs a workflow task: it times out at the end of its lifetime. A marker written
-after that (a late refusal, a person's verdict) opens it again, as a new run that starts from
-the state so far; the key's first claim time is kept.
+Per-call records are the slow path (any run of a workflow id but the one that holds its run
+claim, or every call with ``Plugin(run_claims=False)``: ``tests/test_run_claim.py`` has the
+fast path). The attempt that claims a record writes nothing after the claim: its activity's
+completion (in the calling run's history) is the call's done marker, which ``Record.read()``
+finds. A record never runs a workflow task: it times out at the end of its lifetime. A marker
+written after that (a late refusal, a person's verdict) opens it again, as a new run that
+starts from the state so far; the key's first claim time is kept.
 """
 
 from __future__ import annotations
@@ -13,15 +15,15 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from exactcall.activities import Record, _records
+from exactcall.activities import Record, _records, _runs
 from exactcall.workflows import record_id
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
-from temporalio.worker import Worker
 
 from exactcall import reconciliation
+from exactcall._server import DevServer
 from exactcall.demo.bank import Bank
-from tests.conftest import plan, start_agent, step
+from tests.conftest import per_call_client, plan, running_worker, start_agent, step
 from tests.test_approvals import eventually
 from tests.test_calls import scheduled_intents
 
@@ -62,9 +64,19 @@ async def runs(client: Client, key: str, at_least: int) -> int:
 
 
 async def test_the_claiming_attempt_writes_nothing_more_and_the_record_closes_by_itself(
-    client: Client, worker: Worker, tq: str, bank: Bank, who: str, short_lived: None
+    server: DevServer, tq: str, bank: Bank, who: str, short_lived: None
 ) -> None:
-    handle = await start_agent(client, tq, plan(step("pay", bank.url, 10, who)))
+    client = await per_call_client(server)
+    async with running_worker(client, tq):
+        await _claiming_attempt_writes_nothing_more(client, tq, bank, who)
+    # the workflow id's run claim names no run: no later run of it takes the fast path
+    assert await _runs.holder(client, f"agent-{who}") == ""
+
+
+async def _claiming_attempt_writes_nothing_more(
+    client: Client, tq: str, bank: Bank, who: str
+) -> None:
+    handle = await start_agent(client, tq, plan(step("pay", bank.url, 10, who)), wid=f"agent-{who}")
     [out] = await handle.result()
     [intent] = await scheduled_intents(client, handle)
     # no marker after the claim, no workflow task: it timed out, which closed it
@@ -85,8 +97,9 @@ async def test_the_claiming_attempt_writes_nothing_more_and_the_record_closes_by
 
 
 async def test_a_refusal_after_the_record_closed_opens_it_again_and_the_retry_pays_once(
-    client: Client, worker: Worker, tq: str, bank: Bank, who: str, short_lived: None
+    per_call: Client, tq: str, bank: Bank, who: str, short_lived: None
 ) -> None:
+    client = per_call
     seconds = 2 * LIFETIME.total_seconds()  # the record has closed when the tool says no
     handle = await start_agent(
         client, tq, plan(step("refuse_late_then_pay", bank.url, 10, who, seconds))
@@ -104,8 +117,9 @@ async def test_a_refusal_after_the_record_closed_opens_it_again_and_the_retry_pa
 
 
 async def test_a_verdict_after_the_record_closed_is_recorded_and_honoured_by_a_new_run(
-    client: Client, worker: Worker, tq: str, bank: Bank, who: str, short_lived: None
+    per_call: Client, tq: str, bank: Bank, who: str, short_lived: None
 ) -> None:
+    client = per_call
     handle = await start_agent(client, tq, plan(step("pay_then_explode", bank.url, 10, who)))
     rows = await eventually(
         lambda: reconciliation.list_unresolved(client),

@@ -18,24 +18,33 @@ from tests.conftest import plan, start_agent, step
 from tests.workflows import Rounds
 
 
-async def reset_to_first_task(client: Client, handle: WorkflowHandle[Any, Any]) -> str:
-    """Reset the workflow to its first completed workflow task; returns the new run id."""
-    first = None
-    async for ev in handle.fetch_history_events():
-        if ev.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
-            first = ev.event_id
-            break
-    assert first is not None
+async def reset_to(client: Client, handle: WorkflowHandle[Any, Any], event_id: int) -> str:
+    """Reset the workflow to the end of the workflow task completed at ``event_id``."""
     resp = await client.workflow_service.reset_workflow_execution(
         ResetWorkflowExecutionRequest(
             namespace=client.namespace,
             workflow_execution=WorkflowExecution(workflow_id=handle.id),
             reason="test reset",
-            workflow_task_finish_event_id=first,
+            workflow_task_finish_event_id=event_id,
             request_id=str(uuid.uuid4()),
         )
     )
     return resp.run_id
+
+
+async def completed_tasks(handle: WorkflowHandle[Any, Any]) -> list[int]:
+    """Event ids of the run's WorkflowTaskCompleted events."""
+    return [
+        ev.event_id
+        async for ev in handle.fetch_history_events()
+        if ev.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+    ]
+
+
+async def reset_to_first_task(client: Client, handle: WorkflowHandle[Any, Any]) -> str:
+    """Reset the workflow to its first completed workflow task; returns the new run id."""
+    [first, *_] = await completed_tasks(handle)
+    return await reset_to(client, handle, first)
 
 
 async def test_reset_after_the_effect_returns_the_recorded_result(

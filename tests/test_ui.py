@@ -15,6 +15,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
+from exactcall.activities import _runs
 from exactcall.workflows import RECORD_WORKFLOW, record_id
 from temporalio import workflow
 from temporalio.api.sdk.v1 import WorkflowMetadata
@@ -26,7 +27,7 @@ import exactcall
 from exactcall import approvals, reconciliation
 from exactcall._model import RecordInit
 from exactcall._server import DevServer
-from exactcall._ui import RECORD_TYPE, SAVED_VIEWS
+from exactcall._ui import RECORD_TYPE, RUN_CLAIM_TYPE, SAVED_VIEWS
 from exactcall._worker import build_worker
 from exactcall.demo.bank import Bank
 from tests.conftest import WORKFLOWS, plan, start_agent, step
@@ -133,9 +134,20 @@ async def test_an_expired_call_leaves_the_details(
     await h.terminate("done")
 
 
-async def test_a_records_summary_names_the_call_and_its_input_is_the_intent(
+async def test_a_run_claims_summary_names_the_workflow_and_its_run(
     client: Client, worker: Worker, tq: str, bank: Bank, who: str
 ) -> None:
+    h = await start_agent(client, tq, plan(step("pay", bank.url, 7, who)))
+    await h.result()
+    desc = await client.get_workflow_handle(_runs.run_claim_id(h.id)).describe()
+    assert desc.workflow_type == RUN_CLAIM_TYPE
+    assert await desc.static_summary() == f"run claim of workflow {h.id}: run {h.result_run_id}"
+
+
+async def test_a_records_summary_names_the_call_and_its_input_is_the_intent(
+    per_call: Client, tq: str, bank: Bank, who: str
+) -> None:
+    client = per_call  # a per-call record for every call (a run with the claim writes none)
     h = await start_agent(client, tq, plan(step("pay", bank.url, 7, who)))
     await h.result()
     key = exactcall.derive_key("default", h.id, "pay#1", "pay", "1")
@@ -154,8 +166,9 @@ async def test_a_records_summary_names_the_call_and_its_input_is_the_intent(
 
 
 async def test_a_long_workflow_id_is_cut_to_fit_the_summary(
-    client: Client, worker: Worker, tq: str, bank: Bank, who: str
+    per_call: Client, tq: str, bank: Bank, who: str
 ) -> None:
+    client = per_call
     wid = "ui-long-" + "x" * 900  # Temporal's API sets a summary's limit at 400 bytes
     h = await start_agent(client, tq, plan(step("pay", bank.url, 1, who)), wid=wid)
     await h.result()
@@ -163,6 +176,11 @@ async def test_a_long_workflow_id_is_cut_to_fit_the_summary(
     summary = await (await client.get_workflow_handle(record_id(key)).describe()).static_summary()
     assert summary is not None and summary.startswith("pay pay#1 of workflow ui-long-xxx")
     assert len(json.dumps(summary)) <= 400 and summary.endswith("…")
+    claim = await (
+        await client.get_workflow_handle(_runs.run_claim_id(wid)).describe()
+    ).static_summary()
+    assert claim is not None and claim.startswith("run claim of workflow ui-long-xxx")
+    assert len(json.dumps(claim)) <= 400
 
 
 async def test_a_parked_reconciliation_shows_why_and_how_to_resolve_it(

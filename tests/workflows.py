@@ -54,6 +54,8 @@ class Agent:
             await workflow.wait_condition(lambda: self._go)
         if plan.get("fail_after"):
             raise ApplicationError("the agent failed after its calls", non_retryable=True)
+        if plan.get("fail_first_attempt") and workflow.info().attempt == 1:
+            raise ApplicationError("the agent's first attempt failed after its calls")
         return out
 
     def __init__(self) -> None:

@@ -159,6 +159,15 @@ class Attempt:
             client = activity.client()
             await runs.claimant(client, self.intent, self.owner.run_id, fast=False)
             return await self._settle_by_record()
+        if self.previous_phase is None and self.beat_free and self.info.attempt == 1:
+            holder = await durably(
+                runs.claimant(activity.client(), self.intent, self.owner.run_id),
+                self.cancel.by_worker,
+            )
+            if holder == self.owner.run_id:  # the fast path with no marker before the call
+                self.fast = self.claimed = True
+                return await self._call(beat=False)
+            return await self._settle_slow(holder)
         if self.previous_phase is None:
             # first word of this chain: the run's claim (cached after the run's first call)
             # and the pre-call heartbeat, in parallel (one round trip)
@@ -178,6 +187,13 @@ class Attempt:
         return await self._settle_slow(holder)
 
     @property
+    def beat_free(self) -> bool:
+        """A provider-idempotent tool on the fast path writes nothing before the call: an
+        attempt that follows one that may have called re-sends it with the same key anyway
+        (inside the provider's window), which is all a pre-call heartbeat would tell it."""
+        return self.run_claims and self.tool.options.provider_idempotent is not False
+
+    @property
     def in_reconciliation(self) -> bool:
         return self.info.workflow_id == reconcile_id(self.intent.key)
 
@@ -186,6 +202,10 @@ class Attempt:
         own heartbeats (and the per-call record, written only off the happy path) say
         everything about this call."""
         self.fast = True
+        if self.beat_free and self.previous_phase is None:
+            # an earlier attempt called it with no marker, or crashed before: re-send with
+            # the same key inside the provider's window, else unknown
+            return await self._maybe_called(self._own_calling_view())
         if self.beaten:  # nothing earlier in this chain: the pre-call heartbeat is written
             self.claimed = True
             return await self._call(beat=False)
@@ -220,8 +240,12 @@ class Attempt:
                     type=NotExecuted.code,
                     non_retryable=True,
                 )
-            if seen.verdict in ("done", "in_doubt") and seen.args_hash != self.intent.args_hash:
-                raise self._conflict(str(seen.args_hash))
+            recorded_hash = seen.args_hash
+            if seen.verdict in ("done", "in_doubt") and recorded_hash not in (
+                None,
+                self.intent.args_hash,
+            ):
+                raise self._conflict(str(recorded_hash))
             if seen.verdict == "done":
                 self.deduplicated = True
                 self.log.info("tool.deduplicated", recorded_by=holder)

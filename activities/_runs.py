@@ -240,6 +240,7 @@ class Chain:
 @dataclass
 class _RunView:
     open: bool
+    gone: bool = False
     chains: dict[str, list[Chain]] = field(default_factory=dict)
     pending: dict[str, tuple[int, int, bool, Any]] = field(default_factory=dict)
 
@@ -254,6 +255,10 @@ async def claimant_call(client: Client, workflow_id: str, run_id: str, key: str)
     if view.open:
         _claimant_calls.pop(cache_key, None)  # not final yet
         return ClaimantCall(verdict="open", why="the claimant run is still open")
+    if view.gone:
+        return ClaimantCall(
+            verdict="in_doubt", why="its history is gone (the namespace's retention)"
+        )
     chains = view.chains.get(key, [])
     if not chains:
         return ClaimantCall()
@@ -304,13 +309,18 @@ async def run_chains(client: Client, workflow_id: str, run_id: str) -> dict[str,
 
 
 async def _read_run(client: Client, workflow_id: str, run_id: str) -> _RunView:
-    desc = await client.workflow_service.describe_workflow_execution(
-        DescribeWorkflowExecutionRequest(
-            namespace=client.namespace,
-            execution=WorkflowExecution(workflow_id=workflow_id, run_id=run_id),
-        ),
-        retry=True,
-    )
+    try:
+        desc = await client.workflow_service.describe_workflow_execution(
+            DescribeWorkflowExecutionRequest(
+                namespace=client.namespace,
+                execution=WorkflowExecution(workflow_id=workflow_id, run_id=run_id),
+            ),
+            retry=True,
+        )
+    except RPCError as exc:
+        if exc.status != RPCStatusCode.NOT_FOUND:
+            raise
+        return _RunView(open=False, gone=True)  # deleted with retention
     status = desc.workflow_execution_info.status
     if status == WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING:
         return _RunView(open=True)

@@ -131,8 +131,8 @@ async def account_run(bench: Any, metrics_url: str | None, k: int) -> dict[str, 
                 await until_records_closed(client, tq, since)
             row: dict[str, Any] = {"history_bytes": await history_bytes(client, wid)}
             if mode == "exactcall":
-                steps = (f"ec_work#{i}" for i in range(1, k + 1))
-                keys = [derive_key(ns, wid, step, "ec_work", "1") for step in steps]
+                t = bench.tool
+                keys = [derive_key(ns, wid, f"{t}#{i}", t, "1") for i in range(1, k + 1)]
                 row["written_bytes"] = await written_bytes(client, wid, keys)
             if before_req is not None and metrics_url:
                 await asyncio.sleep(REPORT_DELAY_S)
@@ -183,7 +183,7 @@ async def account(bench: Any, metrics_url: str | None, n: int, m: int) -> dict[s
                 await until_records_closed(client, tq, since)
             row: dict[str, Any] = {"history_bytes": await history_bytes(client, last_id)}
             if mode == "exactcall":
-                key = derive_key(ns, last_id, "ec_work#1", "ec_work", "1")
+                key = derive_key(ns, last_id, f"{bench.tool}#1", bench.tool, "1")
                 row["record_history_bytes"] = await written_bytes(client, last_id, [key])
             if before_req is not None and metrics_url:
                 await asyncio.sleep(REPORT_DELAY_S)

@@ -19,6 +19,8 @@ async def work(n: int) -> dict:
 # The same function, registered two ways. exactcall.tool() is applied first: it copies the
 # function's attributes, so it must not see the activity definition activity.defn() attaches.
 ec_work = exactcall.tool(name="ec_work")(work)
+ec_work_pi = exactcall.tool(name="ec_work_pi", provider_idempotent=True)(work)
+"""The same, declared provider-idempotent (``--provider-idempotent``): no pre-call heartbeat."""
 bare_work = activity.defn(name="bare_work")(work)
 
 
@@ -37,10 +39,10 @@ class BareCalls:
 
 @workflow.defn
 class ExactCalls:
-    """``count`` sequential exactcall calls of the same function."""
+    """``count`` sequential exactcall calls of the same function (tool ``tool``)."""
 
     @workflow.run
-    async def run(self, count: int) -> int:
+    async def run(self, count: int, tool: str = "ec_work") -> int:
         for i in range(count):
-            await exactcall.call("ec_work", i)
+            await exactcall.call(tool, i)
         return count

@@ -158,6 +158,7 @@ class Bench:
     meter: CpuMeter
     timeout: float = 120.0  # per workflow: a stuck run fails the bench instead of hanging it
     last_id: str = ""  # the workflow id of the last run_one that finished
+    tool: str = "ec_work"  # exactcall's tool: ec_work, or ec_work_pi (provider-idempotent)
 
     def workflow(self, mode: str) -> Any:
         from _bench_workflows import BareCalls, ExactCalls
@@ -169,7 +170,7 @@ class Bench:
         t0 = time.perf_counter()
         handle = await self.client.start_workflow(
             self.workflow(mode),
-            count,
+            args=[count] if mode == "bare" else [count, self.tool],
             id=f"bench-{mode}-{uuid.uuid4().hex}",
             task_queue=task_queue or self.task_queue,
         )
@@ -862,6 +863,11 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--default-server", action="store_true", help="embedded server without FAST_CONFIG"
     )
     ap.add_argument("--address", help="use an existing server instead of the embedded one")
+    ap.add_argument(
+        "--provider-idempotent",
+        action="store_true",
+        help="exactcall's tool is declared provider_idempotent (no pre-call heartbeat)",
+    )
     ap.add_argument("--namespace", default="default")
     ap.add_argument("--json", type=Path, help="where to write the raw numbers")
     ap.add_argument("--no-memory", action="store_true", help="skip the tracemalloc round")
@@ -977,6 +983,8 @@ async def amain(args: argparse.Namespace) -> int:
             t0 = time.perf_counter()
             async with worker:
                 bench = Bench(client, tq, CpuMeter(server_pid))
+                if args.provider_idempotent:
+                    bench.tool = "ec_work_pi"
                 await bench.meter.calibrate()
                 raw = await measure(bench, args)
                 if args.accounting_n:

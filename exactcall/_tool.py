@@ -18,6 +18,7 @@ from typing import Any, overload
 
 import pydantic
 import structlog
+from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 from ._canonical import JsonValue, args_hash, canonical_json, to_json_value
@@ -138,7 +139,15 @@ class Tool:
         return {k: p for k, p in self._signature.parameters.items() if k != KEY_PARAM}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Call the plain function (tests, scripts). No exactcall protection here."""
+        """Call the plain function (tests, scripts). No exactcall protection here, so it is
+        refused inside a workflow, where the effect would run unguarded (and on replay)."""
+        if workflow.in_workflow():
+            raise InvalidCall(
+                f"{self.name}(...) was called directly inside a workflow, which would run its "
+                f"effect unguarded in workflow code; nothing was executed. Use "
+                f"await exactcall.call({self.name}, ...) instead",
+                tool=self.name,
+            )
         return self.fn(*args, **kwargs)
 
     def __repr__(self) -> str:

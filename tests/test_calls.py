@@ -7,13 +7,16 @@ from typing import Any
 
 import pytest
 from exactcall.activities import Record
+from temporalio import workflow
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.worker import Worker
 
 import exactcall
 from exactcall import Intent
+from exactcall._worker import build_worker
 from exactcall.demo.bank import Bank
+from tests import tools
 from tests.conftest import plan, start_agent, step
 from tests.workflows import Uncaught
 
@@ -282,3 +285,23 @@ async def _faults(bank: Bank, **config: Any) -> None:
             pass
 
     await asyncio.to_thread(post)
+
+
+@workflow.defn(sandboxed=False)  # defined in a test module: plain code, no sandbox re-import
+class CallsToolDirectly:
+    @workflow.run
+    async def run(self, bank: str, to: str) -> Any:
+        return tools.pay(bank, 10, to)  # not exactcall.call: would run unguarded
+
+
+async def test_a_tool_called_directly_in_a_workflow_is_refused_and_runs_nothing(
+    client: Client, tq: str, bank: Bank, who: str
+) -> None:
+    async with build_worker(client, tq, [CallsToolDirectly]):
+        handle = await client.start_workflow(
+            CallsToolDirectly.run, args=[bank.url, who], id=f"direct-{who}", task_queue=tq
+        )
+        with pytest.raises(WorkflowFailureError) as info:
+            await handle.result()
+    assert "use await exactcall.call(pay" in str(info.value.cause).lower()
+    assert bank.count(to=who) == 0

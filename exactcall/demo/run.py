@@ -50,6 +50,7 @@ from exactcall._plugin import Plugin
 from exactcall._procs import WorkerProcess
 from exactcall._server import DevServer
 from exactcall._worker import Connection, connect
+from exactcall.activities._runs import run_claim_id
 from exactcall.demo.bank import Bank
 from exactcall.workflows import record_id
 
@@ -355,13 +356,13 @@ class Demo:
     def _leave_nothing(
         self, workflow_id: str, tool: str, calls: int
     ) -> list[WorkflowHandle[Any, Any]]:
-        """On a server that outlives the demo, cleanup also ends the call records (and the
-        reconciliations) of ``workflow_id``'s calls: they are served by the demo's workers only.
-        """
+        """On a server that outlives the demo, cleanup also ends the run claim of
+        ``workflow_id``, and the call records (and the reconciliations) of its calls: they are
+        served by the demo's workers only."""
         assert self.client is not None and self.target is not None
         if self.target.embedded:
             return []
-        added = []
+        added = [self.client.get_workflow_handle(run_claim_id(workflow_id))]
         for n in range(1, calls + 1):
             key = derive_key(self.target.namespace, workflow_id, f"{tool}#{n}", tool, TOOL_VERSION)
             for wid in (record_id(key), reconciliation.reconcile_id(key)):

@@ -159,32 +159,29 @@ class Attempt:
             client = activity.client()
             await runs.claimant(client, self.intent, self.owner.run_id, fast=False)
             return await self._settle_by_record()
-        if self.previous_phase is None and self.beat_free and self.info.attempt == 1:
-            holder = await durably(
-                runs.claimant(activity.client(), self.intent, self.owner.run_id),
-                self.cancel.by_worker,
-            )
-            if holder == self.owner.run_id:  # the fast path with no marker before the call
-                self.fast = self.claimed = True
-                return await self._call(beat=False)
-            return await self._settle_slow(holder)
-        if self.previous_phase is None:
-            # first word of this chain: the run's claim (cached after the run's first call)
-            # and the pre-call heartbeat, in parallel (one round trip)
-            both = asyncio.gather(
-                runs.claimant(activity.client(), self.intent, self.owner.run_id),
-                self._beat({"phase": "calling", "attempt": self.info.attempt}, via_worker=False),
-            )
-            holder, _ = await durably(both, self.cancel.by_worker)
-            self.beaten = True
-        else:
-            holder = await durably(
-                runs.claimant(activity.client(), self.intent, self.owner.run_id),
-                self.cancel.by_worker,
-            )
+        # the run's claim (cached after the run's first call), with this chain's first
+        # pre-call heartbeat in the same round trip; a provider-idempotent tool's first
+        # attempt needs none
+        first = self.previous_phase is None
+        holder = await self._claim_run(
+            beat=first and not (self.beat_free and self.info.attempt == 1)
+        )
         if holder == self.owner.run_id:
             return await self._settle_fast()
         return await self._settle_slow(holder)
+
+    async def _claim_run(self, beat: bool) -> str:
+        """Who holds the run claim of the call's workflow id (claimed for this run if
+        nobody does); with ``beat``, the pre-call heartbeat is written at the same time."""
+        claim = runs.claimant(activity.client(), self.intent, self.owner.run_id)
+        if not beat:
+            return await durably(claim, self.cancel.by_worker)
+        both = asyncio.gather(
+            claim, self._beat({"phase": "calling", "attempt": self.info.attempt}, via_worker=False)
+        )
+        holder, _ = await durably(both, self.cancel.by_worker)
+        self.beaten = True
+        return holder
 
     @property
     def beat_free(self) -> bool:
@@ -203,9 +200,12 @@ class Attempt:
         everything about this call."""
         self.fast = True
         if self.beat_free and self.previous_phase is None:
+            if self.info.attempt == 1:  # the fast path with no marker before the call
+                self.claimed = True
+                return await self._call(beat=False)
             # an earlier attempt called it with no marker, or crashed before: re-send with
             # the same key inside the provider's window, else unknown
-            return await self._maybe_called(self._own_calling_view())
+            return await self._maybe_called(self._calling_view(self.owner))
         if self.beaten:  # nothing earlier in this chain: the pre-call heartbeat is written
             self.claimed = True
             return await self._call(beat=False)
@@ -214,14 +214,15 @@ class Attempt:
         if view is not None:
             return await self._by_record(view)
         if self.previous_phase == "calling":  # an earlier attempt may have called it
-            return await self._maybe_called(self._own_calling_view())
+            return await self._maybe_called(self._calling_view(self.owner))
         self.claimed = True  # released earlier, with no record since (retention): never called
         return await self._call()
 
-    def _own_calling_view(self) -> RecordView:
-        """What the per-call record would say had the fast path written one."""
-        state = RecordState(intent=self.intent, phase="calling", owner=self.owner)
-        return RecordView(state=state, since=self.info.scheduled_time, closed=True)
+    def _calling_view(self, owner: Owner, since: datetime | None = None) -> RecordView:
+        """What a per-call record would say had ``owner``'s run (which holds the claim, so
+        writes none on the happy path) written one: ``owner`` may be calling the tool."""
+        state = RecordState(intent=self.intent, phase="calling", owner=owner)
+        return RecordView(state=state, since=since or self.info.scheduled_time, closed=True)
 
     async def _settle_slow(self, holder: str) -> Any:
         """Any run but the claimant: the per-call records hold what every other run did;
@@ -257,9 +258,7 @@ class Attempt:
                     return await self._by_record(view)
                 if view is None or view.state.phase != "unknown":
                     chain = Owner(run_id=holder, activity_id=self.owner.activity_id)
-                    since = seen.scheduled_at or self.info.scheduled_time
-                    state = RecordState(intent=self.intent, phase="calling", owner=chain)
-                    view = RecordView(state=state, since=since, closed=True)
+                    view = self._calling_view(chain, seen.scheduled_at)
                 return await self._maybe_called(view, why=seen.why)
         return await self._settle_by_record()
 
@@ -289,18 +288,7 @@ class Attempt:
         chains = await runs.run_chains(client, self.intent.workflow_id, self.owner.run_id)
         chain_id = self.owner.activity_id
         mine = [c for c in chains.get(self.intent.key, []) if c.activity_id == chain_id]
-        if not mine:
-            return ""
-        for chain in mine:
-            if chain.done:
-                return "its activity completed"  # not reached: a completion is reported
-            if chain.started or not chain.cancelled_unstarted():
-                return (
-                    "its activity was cancelled after an attempt may have started"
-                    if chain.closed
-                    else "its activity has no outcome yet"
-                )
-        return ""
+        return next((why for chain in mine if (why := runs.chain_doubt(chain))), "")
 
     def _conflict(self, recorded_hash: str) -> IntentConflict:
         self.log.warning("tool.conflict", recorded_hash=recorded_hash)

@@ -60,6 +60,7 @@ __all__ = [
     "RUN_CLAIM_WORKFLOW",
     "Chain",
     "ClaimantCall",
+    "chain_doubt",
     "claimant",
     "claimant_call",
     "holder",
@@ -158,9 +159,9 @@ async def _claim(client: Client, intent: Intent, run_id: str, fast: bool) -> str
         except RPCError as exc:
             if exc.status != RPCStatusCode.ALREADY_EXISTS:
                 raise
-        holder = await _holder(client, intent.workflow_id)
-        if holder is not None:
-            return holder
+        held_by = await holder(client, intent.workflow_id)
+        if held_by is not None:
+            return held_by
         # gone between the refusal and the read (retention): claim again
     return ""
 
@@ -168,10 +169,6 @@ async def _claim(client: Client, intent: Intent, run_id: str, fast: bool) -> str
 async def holder(client: Client, workflow_id: str) -> str | None:
     """The run that holds the claim on ``workflow_id`` (None: nobody claimed it), read
     without claiming."""
-    return await _holder(client, workflow_id)
-
-
-async def _holder(client: Client, workflow_id: str) -> str | None:
     handle = client.get_workflow_handle(run_claim_id(workflow_id))
     try:
         async for ev in handle.fetch_history_events():
@@ -274,7 +271,7 @@ async def claimant_call(client: Client, workflow_id: str, run_id: str, key: str)
             out.verdict, out.result, out.activity_id = "done", chain.result, chain.activity_id
             return out
     for chain in chains:
-        why = _doubt(chain, view.pending.get(chain.activity_id))
+        why = chain_doubt(chain, view.pending.get(chain.activity_id))
         if why:
             out.verdict, out.why = "in_doubt", why
             return out
@@ -282,8 +279,9 @@ async def claimant_call(client: Client, workflow_id: str, run_id: str, key: str)
     return out
 
 
-def _doubt(chain: Chain, pending: tuple[int, int, bool, Any] | None) -> str:
-    """Why this chain may have called the tool ("" when it cannot have)."""
+def chain_doubt(chain: Chain, pending: tuple[int, int, bool, Any] | None = None) -> str:
+    """Why this chain may have called the tool ("" when it cannot have); ``pending``: its
+    attempt as its closed run's describe lists it, if it was pending at close."""
     if pending is not None:
         state, attempt, started, phase = pending
         if state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED or started:

@@ -156,6 +156,16 @@ async def settled(client: Client, intent: Intent) -> Settled:
 # -- cancelled before the tool started ------------------------------------------------------
 
 
+def two_at_once(bank: Bank, a: str, b: str) -> dict[str, Any]:
+    """Two calls at once (steps ``a`` and ``b``) of a tool that waits while its account is
+    in ``HELD``: on one activity slot, one runs and the other stays scheduled."""
+    return plan(
+        step("cancel_wait_then_pay", bank.url, 10, a, key="a"),
+        step("cancel_wait_then_pay", bank.url, 10, b, key="b"),
+        concurrent=True,
+    )
+
+
 async def test_cancelled_before_the_tool_started_nothing_happens(
     client: Client, tq: str, bank: Bank, who: str
 ) -> None:
@@ -165,15 +175,7 @@ async def test_cancelled_before_the_tool_started_nothing_happens(
     HELD.add(other)
     try:
         async with build(client, tq, max_concurrent_activities=1):
-            handle = await start_agent(
-                client,
-                tq,
-                plan(
-                    step("cancel_wait_then_pay", bank.url, 10, who, key="a"),
-                    step("cancel_wait_then_pay", bank.url, 10, other, key="b"),
-                    concurrent=True,
-                ),
-            )
+            handle = await start_agent(client, tq, two_at_once(bank, who, other))
             await started(handle)
             await cancel(handle)
     finally:

@@ -25,6 +25,7 @@ from exactcall.demo.bank import Bank
 from tests.cancel_app import HELD
 from tests.conftest import plan, running_worker, start_agent, step
 from tests.test_calls import scheduled_intents
+from tests.test_cancellation import two_at_once
 from tests.test_runs import completed_tasks, reset_to
 from tests.workflows import Agent
 
@@ -120,15 +121,7 @@ async def test_a_call_the_closed_run_scheduled_but_never_started_runs_once_in_th
     HELD.add(who)
     try:
         async with running_worker(client, tq, max_concurrent_activities=1):
-            handle = await start_agent(
-                client,
-                tq,
-                plan(
-                    step("cancel_wait_then_pay", bank.url, 10, who, key="a"),
-                    step("cancel_wait_then_pay", bank.url, 10, other, key="b"),
-                    concurrent=True,
-                ),
-            )
+            handle = await start_agent(client, tq, two_at_once(bank, who, other))
             await asyncio.sleep(1.0)  # a is running (held), b is scheduled
             [first, *_] = await completed_tasks(handle)
             new_run = await reset_to(client, handle, first)

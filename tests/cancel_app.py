@@ -8,15 +8,24 @@ for in-process workers, where the tools run in the test's own process.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from datetime import timedelta
 from typing import Any
 
 from temporalio import activity, workflow
 from temporalio.common import RetryPolicy
+from temporalio.worker import (
+    Interceptor,
+    SignalExternalWorkflowInput,
+    WorkflowInboundInterceptor,
+    WorkflowInterceptorClassInput,
+    WorkflowOutboundInterceptor,
+)
 
 with workflow.unsafe.imports_passed_through():
     import exactcall
+    from exactcall._verdicts import JOINED_SIGNAL
     from exactcall.demo.bank_client import post_payment
     from exactcall.quickstart._common import find_payment, pay_at_bank
 
@@ -176,3 +185,31 @@ class AbandonsApproval:
     @workflow.signal
     def finish(self) -> None:
         self._finish = True
+
+
+class HoldsTheJoin(Interceptor):
+    """Holds the workflow task that sends the join signal until the test lets it go, so a
+    cancellation requested meanwhile is buffered by the server and written right after the
+    signal is initiated: the cancellation lands while the signal is in flight, every time
+    (left to timing, that window is a few milliseconds)."""
+
+    def __init__(self) -> None:
+        self.reached, self.go = threading.Event(), threading.Event()
+
+    def workflow_interceptor_class(
+        self, input: WorkflowInterceptorClassInput
+    ) -> type[WorkflowInboundInterceptor]:
+        hold = self
+
+        class Outbound(WorkflowOutboundInterceptor):
+            async def signal_external_workflow(self, input: SignalExternalWorkflowInput) -> None:
+                if input.signal == JOINED_SIGNAL:
+                    hold.reached.set()
+                    hold.go.wait(1.5)  # under the deadlock detector's 2 s
+                return await super().signal_external_workflow(input)
+
+        class Inbound(WorkflowInboundInterceptor):
+            def init(self, outbound: WorkflowOutboundInterceptor) -> None:
+                super().init(Outbound(outbound))
+
+        return Inbound

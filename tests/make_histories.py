@@ -15,6 +15,7 @@ local activity). Regenerate only the names a change is about.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -23,13 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from exactcall.activities import Record
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowFailureError
 
 from exactcall import Intent, approvals
 from exactcall._server import DevServer
 from exactcall._verdicts import reconcile_id
 from exactcall._worker import Connection, connect
 from exactcall.demo.bank import Bank
+from tests.cancel_app import HoldsTheJoin  # and its tools
 from tests.conftest import plan, running_worker, step
 from tests.workflows import Agent, Rounds
 
@@ -38,7 +40,7 @@ ONLY: set[str] = set()
 
 
 async def _save(client: Client, workflow_id: str, name: str, run_id: str | None = None) -> None:
-    if ONLY and name not in ONLY:
+    if ONLY and name.rsplit("/", 1)[-1] not in ONLY:
         return
     history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
     raw = without_stack_traces(history.to_json_dict())
@@ -102,6 +104,8 @@ async def main() -> None:
             await _save(client, h4.id, "reconciliation_agent")
             async for wf in client.list_workflows("WorkflowType = 'exactcall.Reconcile'"):
                 await _save(client, wf.id, "reconciliation")
+            if wanted("cancel_while_joining_patched"):
+                await _save_cancel_while_joining(client, bank)
             if wanted("reconciliation_marked", "reconciliation_marked_agent"):
                 await _save_reconciliation(client, bank, "reconciliation_marked")
             # the per-key record of the first payment
@@ -124,6 +128,28 @@ async def _save_reconciliation(client: Client, bank: Bank, name: str) -> None:
     await _save(client, h.id, f"{name}_agent")
     [intent] = [i async for i in _intents(client, h.id)]  # the agent's one call
     await _save(client, reconcile_id(intent.key), name)
+
+
+async def _save_cancel_while_joining(client: Client, bank: Bank) -> None:
+    """A call whose outcome is unknown joins the reconciliation its attempt started (no probe:
+    parked for a person), and the workflow is cancelled while the join signal is in flight
+    (``HoldsTheJoin`` makes that window): it ends cancelled and tells the reconciliation.
+    ``cancel/cancel_while_joining.json`` is the same run recorded before the patch
+    ``exactcall.cancelled-while-joining`` (the workflow then waited on forever); keep it."""
+    hold = HoldsTheJoin()
+    async with running_worker(client, "histories-hold", interceptors=[hold]):
+        h = await client.start_workflow(
+            Agent.run,
+            plan(step("cancel_pay_then_fail", bank.url, 10, "joiner")),
+            id="hist-cancel-while-joining",
+            task_queue="histories-hold",
+        )
+        await asyncio.to_thread(hold.reached.wait, 30)
+        await h.cancel()
+        hold.go.set()
+        with contextlib.suppress(WorkflowFailureError):
+            await h.result()
+        await _save(client, h.id, "cancel/cancel_while_joining_patched")
 
 
 async def _intents(client: Client, workflow_id: str) -> Any:

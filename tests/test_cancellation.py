@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from exactcall.activities import Record
 from exactcall.workflows import MARK_SIGNAL, record_id
+from exactcall.workflows._unknown import CANCELLED_SIGNAL
 from temporalio.api.enums.v1 import EventType, PendingActivityState
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import CancelledError
@@ -31,7 +32,7 @@ from exactcall._verdicts import Settled
 from exactcall._worker import build_worker
 from exactcall.demo.bank import Bank
 from exactcall.testing import WorkerProcess, assert_replays
-from tests.cancel_app import HELD, SAW_CANCEL, AbandonsApproval, SharedKey
+from tests.cancel_app import HELD, SAW_CANCEL, AbandonsApproval, HoldsTheJoin, SharedKey
 from tests.conftest import ROOT, WORKFLOWS, plan, start_agent, step
 
 RUNNING = PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
@@ -412,6 +413,43 @@ async def test_cancelled_while_waiting_for_the_verdict_the_reconciliation_goes_o
     verdict = await settled(client, intent)
     assert (verdict.outcome, verdict.error_type) == ("failed", "Cancelled")
     assert (await record(client, intent)).phase == "idle"
+    assert bank.count(to=who) == 1  # the one payment the tool made; never re-sent
+
+
+async def test_cancelled_while_the_join_signal_is_in_flight_ends_cancelled(
+    client: Client, tq: str, bank: Bank, who: str
+) -> None:
+    # The attempt that found the outcome unknown started the reconciliation, so the workflow
+    # joins it by a signal. A cancellation that comes while that signal is in flight is
+    # dropped by the SDK (a sent signal cannot be withdrawn): the call must end cancelled all
+    # the same, and tell the reconciliation (before the fix the workflow waited on forever).
+    hold = HoldsTheJoin()
+    async with build(client, tq, interceptors=[hold]):
+        handle = await start_agent(client, tq, plan(step("cancel_pay_then_fail", bank.url, 1, who)))
+        assert await asyncio.to_thread(hold.reached.wait, 30)
+        try:
+            await handle.cancel()
+        finally:
+            hold.go.set()
+        await asyncio.wait_for(cancel(handle), 30)
+        types = [e.event_type async for e in handle.fetch_history_events()]
+        sent = types.index(EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED)
+        asked = types.index(EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED)
+        signalled = types.index(EventType.EVENT_TYPE_EXTERNAL_WORKFLOW_EXECUTION_SIGNALED)
+        assert sent < asked < signalled  # the shape this test is about
+        # the reconciliation was told, so "not landed" releases the key instead of re-sending
+        [intent] = (await intents(client, handle)).values()
+        rec = client.get_workflow_handle(exactcall.reconciliation.reconcile_id(intent.key))
+        told = [
+            e
+            async for e in rec.fetch_history_events()
+            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+            and e.workflow_execution_signaled_event_attributes.signal_name == CANCELLED_SIGNAL
+        ]
+        assert len(told) == 1
+        res = await reconciliation.resolve(client, handle.id, intent.step, "not_landed", by="t")
+        assert res.accepted
+        assert (await settled(client, intent)).error_type == "Cancelled"
     assert bank.count(to=who) == 1  # the one payment the tool made; never re-sent
 
 

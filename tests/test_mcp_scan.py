@@ -138,7 +138,9 @@ def test_fail_on_levels_and_a_hung_server_does_not_decide(tmp_path: Path) -> Non
         tmp_path / "project" / ".cursor" / "mcp.json",
         {"writes": entry("writes", "--file", str(effect_file)), "hung": entry("hang")},
     )
-    args = ("--config", str(config), "--json", "--timeout", "2")
+    # the limit is for the hung server: the live one must answer well inside it even on a loaded
+    # machine (a Python child that imports mcp took over 2 s under a full test run)
+    args = ("--config", str(config), "--json", "--timeout", "8")
     code, report, _ = scan(*args, "--fail-on", "medium", home=tmp_path)
     assert code == 1
     tools = by_tool(report, "writes")
@@ -150,7 +152,7 @@ def test_fail_on_levels_and_a_hung_server_does_not_decide(tmp_path: Path) -> Non
     [hung] = [s for s in report["servers"] if s["name"] == "hung"]
     assert (hung["status"], hung["error"]) == (
         "failed",
-        "no answer to initialize/tools/list within 2 s",
+        "no answer to initialize/tools/list within 8 s",
     )
     assert scan(*args, "--fail-on", "high", home=tmp_path)[0] == 0  # no high tool
     assert scan(*args, "--fail-on", "none", home=tmp_path)[0] == 0

@@ -252,7 +252,7 @@ async def _reconcile(
     if on_unknown == "raise" or flight.cancelled:
         raise reconciling(err, intent)
     try:
-        return await await_verdict(t, intent, child)
+        return await await_verdict(t, intent, child, lambda: flight.cancelled)
     except BaseException as exc:
         if flight.cancelled and is_cancelled_exception(exc):
             # the reconciliation goes on without the caller (it outlives the workflow), and

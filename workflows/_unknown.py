@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -57,6 +58,9 @@ SETTLE_PREFIX = "exactcall.settle:"
 JOINS_STARTED_RECONCILIATION = "exactcall.joins-started-reconciliation"
 """Patch: a cancelled call whose reconciliation was already running (started by the attempt
 that found the outcome unknown) tells it so; histories from before it never signalled."""
+CANCELLED_WHILE_JOINING = "exactcall.cancelled-while-joining"
+"""Patch: a call cancelled while its join signal was in flight ends cancelled (the SDK lets a
+sent signal finish and drops the cancellation); histories from before it waited on."""
 SETTLED_BY_SIGNAL = "exactcall.settled-by-signal"
 """Patch: a joined reconciliation's verdict comes by signal (``_joined``); histories from
 before it waited in an activity."""
@@ -142,21 +146,28 @@ def reconciling(err: AmbiguousOutcome, intent: Intent) -> AmbiguousOutcome:
 
 
 async def await_verdict(
-    t: Tool, intent: Intent, child: ChildWorkflowHandle[Any, Settled] | None
+    t: Tool,
+    intent: Intent,
+    child: ChildWorkflowHandle[Any, Settled] | None,
+    cancelled: Callable[[], bool] = lambda: False,
 ) -> Any:
-    """Wait for the reconciliation's verdict. Cancelling the wait never cancels it."""
+    """Wait for the reconciliation's verdict. Cancelling the wait never cancels it.
+
+    ``cancelled`` says whether the call has been cancelled: a cancellation that the SDK
+    absorbed (it came while the join signal was in flight) ends the wait all the same.
+    """
     cid = reconcile_id(intent.key)
     workflow.logger.warning("exactcall call.reconciling: %s %s (%s)", t.name, intent.step, cid)
     if child is not None:
         settled: Settled = await asyncio.shield(child)
     elif workflow.patched(SETTLED_BY_SIGNAL):
-        settled = await _joined(intent)
+        settled = await _joined(intent, cancelled)
     else:  # histories from before SETTLED_BY_SIGNAL
         settled = await _await_settled(cid)
     return settled_result(t, intent, settled)
 
 
-async def _joined(intent: Intent) -> Settled:
+async def _joined(intent: Intent, cancelled: Callable[[], bool]) -> Settled:
     """Wait for the verdict of a reconciliation that is not this workflow's child: it signals
     it to the workflow of the call when it settles. If it settled already (an earlier run's),
     its result is read at once. No worker slot is held while a parked call waits for a person.
@@ -174,7 +185,13 @@ async def _joined(intent: Intent) -> Settled:
     except FailureError:
         if intent.key not in st.settled:
             return await _await_settled(cid)  # it has closed: its result is there
-    await workflow.wait_condition(lambda: intent.key in st.settled)
+    await workflow.wait_condition(lambda: intent.key in st.settled or cancelled())
+    if intent.key not in st.settled:
+        # cancelled while the signal was in flight: a sent signal cannot be withdrawn, so the
+        # SDK let it finish and the task's cancellation was dropped; it is honoured here
+        if workflow.patched(CANCELLED_WHILE_JOINING):
+            raise asyncio.CancelledError()
+        await workflow.wait_condition(lambda: intent.key in st.settled)
     return st.settled.pop(intent.key)
 
 

@@ -145,7 +145,7 @@ class Cancellation:
                     return
                 _uncancel()
                 why = worker_reason()
-                if why == BY_SHUTDOWN or self.attempt.tool.options.read_only:
+                if why == BY_SHUTDOWN or self.attempt.tool.attempt_reads:
                     self(why)  # a read-only tool has no outcome to record: it stops too
                     await asyncio.wait({run}, timeout=grace)
                     return

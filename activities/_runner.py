@@ -135,7 +135,9 @@ class Attempt:
 
     async def run(self) -> Any:
         self._check_intent()
-        if self.tool.options.read_only:
+        if self.tool.attempt_reads:
+            if self.settling:  # a cancelled read (by a trusted MCP hint): nothing to settle
+                raise NotExecuted(f"{self.tool.name} is read-only here: it changed nothing")
             return await self._invoke(beat_phase="read_only")
         if self.settling:
             return await self.cancel.settle()

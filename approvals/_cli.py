@@ -23,7 +23,7 @@ from . import (
 
 __all__ = ["add_parsers", "run"]
 
-EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_QUEUED = 0, 1, 2, 3
 
 
 def add_parsers(sub: Any, connection_args: Any) -> None:
@@ -148,6 +148,9 @@ def _report(res: DecisionResult) -> int:
     if res.accepted:
         print(f"{d.decision} by {d.by}: accepted ({res.outcome})")
         return EXIT_OK
+    if res.queued:  # sent, not yet checked: neither accepted nor rejected
+        print(f"{d.decision} by {d.by}: {res.outcome}")
+        return EXIT_QUEUED
     print(f"{d.decision} by {d.by}: REJECTED: {res.outcome}", file=sys.stderr)
     return EXIT_REFUSED
 

@@ -17,7 +17,7 @@ from temporalio.api.workflowservice.v1 import (
     ListWorkflowExecutionsRequest,
     ListWorkflowExecutionsResponse,
 )
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowQueryFailedError
 from temporalio.converter import WorkflowSerializationContext
 
 from exactcall._canonical import args_hash
@@ -61,6 +61,10 @@ class DecisionResult:
     record: DecisionRecord | None
     """None when no worker answered the query in time: the signal is recorded in history
     and will be applied, but its outcome could not be confirmed."""
+    queued: bool = False
+    """The workflow has made no exactcall call yet, so it has no approvals to check the
+    decision against: Temporal holds the signal, and the workflow checks it at its first
+    exactcall call (a pre-approval for a later call is then still there for it)."""
 
     @property
     def accepted(self) -> bool:
@@ -68,12 +72,31 @@ class DecisionResult:
 
     @property
     def outcome(self) -> str:
-        return self.record.outcome if self.record else "sent; not confirmed (no worker answered)"
+        if self.record is not None:
+            return self.record.outcome
+        if self.queued:
+            return "sent; queued until the workflow's first exactcall call, which checks it"
+        return "sent; not confirmed (no worker answered)"
 
 
 async def view(client: Client, workflow_id: str) -> ApprovalsView:
-    """Pending requests, decisions and pre-approvals of a workflow (query; needs a worker)."""
-    return await client.get_workflow_handle(workflow_id).query(QUERY, result_type=ApprovalsView)
+    """Pending requests, decisions and pre-approvals of a workflow (query; needs a worker).
+
+    A workflow that has made no exactcall call yet has none (and no such query).
+    """
+    found = await _view(client, workflow_id)
+    return found if found is not None else ApprovalsView(pending=[], decisions=[], preapprovals=[])
+
+
+async def _view(client: Client, workflow_id: str) -> ApprovalsView | None:
+    """None: the workflow has made no exactcall call (exactcall adds its query then)."""
+    handle = client.get_workflow_handle(workflow_id)
+    try:
+        return await handle.query(QUERY, result_type=ApprovalsView)
+    except WorkflowQueryFailedError as exc:
+        if f"Query handler for '{QUERY}' expected but not found" not in str(exc):
+            raise
+        return None
 
 
 async def pending(client: Client, workflow_id: str, step: str | None = None) -> ApprovalRequest:
@@ -195,16 +218,18 @@ async def decide(
         d = d.model_copy(update={"signature": base64.b64encode(sig).decode()})
     handle = client.get_workflow_handle(workflow_id)
     await handle.signal(DECIDE_SIGNAL, d)
-    return DecisionResult(d, await _confirm(client, workflow_id, d, confirm_timeout))
+    return await _confirm(client, workflow_id, d, confirm_timeout)
 
 
-async def _confirm(
-    client: Client, workflow_id: str, d: Decision, timeout: float
-) -> DecisionRecord | None:
-    def mine(v: ApprovalsView) -> DecisionRecord | None:
-        return next((r for r in v.decisions if r.decision.decision_id == d.decision_id), None)
+async def _confirm(client: Client, workflow_id: str, d: Decision, timeout: float) -> DecisionResult:
+    def mine(v: ApprovalsView | None) -> DecisionResult | None:
+        if v is None:  # no exactcall call yet: Temporal holds the signal for the first one
+            return DecisionResult(d, None, queued=True)
+        rec = next((r for r in v.decisions if r.decision.decision_id == d.decision_id), None)
+        return DecisionResult(d, rec) if rec is not None else None
 
-    return await confirm_by_query(lambda: view(client, workflow_id), mine, timeout)
+    found = await confirm_by_query(lambda: _view(client, workflow_id), mine, timeout)
+    return found if found is not None else DecisionResult(d, None)
 
 
 async def approve(

@@ -79,8 +79,13 @@ class Plugin(SimplePlugin):
     """Registers exactcall on a Client (recommended) or a Worker.
 
     * the tool activities: ``tools`` or, when None, every ``@exactcall.tool`` defined in the
-      process when the worker is built;
-    * exactcall's own workflows (the per-key call record);
+      process when the worker is built; on every worker that polls activity tasks (not on
+      one built with ``no_remote_activities=True``, the workflow side of split workers);
+    * exactcall's own workflows (the call record, the reconciliation): on a worker that runs
+      workflows, never on an activity-only worker;
+    * nothing of the two, nor the settings below that touch the worker, when the process
+      defines no exactcall tool; a workflow gets exactcall's signal, query and state only at
+      its first exactcall call;
     * a data converter that carries pydantic models (intents and records are frozen pydantic
       models): the pydantic one in place of Temporal's default, or, as it is, any converter
       that already carries them (Pydantic AI's, the OpenAI Agents SDK's). When a plugin listed
@@ -124,12 +129,13 @@ class Plugin(SimplePlugin):
         )
         self.workflow_config = config
         self._worker_client: Client | None = None
+        self._parts = _Parts(tools=True, workflows=True)  # a Replayer: every workflow
         super().__init__(
             "exactcall.Plugin",
             data_converter=None,  # chosen in configure_client, which sees the later plugins
             interceptors=[_Interceptor(config), *_mcp_interceptors(self._mcp)],
             activities=self._activities,
-            workflows=[CallRecord, Reconcile],
+            workflows=self._workflows,
             workflow_runner=_workflow_runner,
             workflow_failure_exception_types=[ExactcallError],
             run_context=self._run_context,
@@ -142,15 +148,19 @@ class Plugin(SimplePlugin):
     def _activities(
         self, existing: Sequence[Callable[..., Any]] | None
     ) -> list[Callable[..., Any]]:
-        tools = self.tools
-        probes = [probe_activity(t) for t in tools if t.options.reconcile is not None]
-        return [
-            *(existing or []),
-            *(tool_activity(t, run_claims=self._run_claims) for t in tools),
-            *probes,
-            await_settled,
-            mark_record,
-        ]
+        parts, tools = self._parts, self.tools
+        out = list(existing or [])
+        if parts.tools:
+            out += [tool_activity(t, run_claims=self._run_claims) for t in tools]
+            out += [probe_activity(t) for t in tools if t.options.reconcile is not None]
+            out.append(await_settled)
+        if parts.workflows:
+            out.append(mark_record)  # the reconciliation's local activity
+        return out
+
+    def _workflows(self, existing: Sequence[type] | None) -> list[type]:
+        own = [CallRecord, Reconcile] if self._parts.workflows else []
+        return [*(existing or []), *own]
 
     @contextlib.asynccontextmanager
     async def _run_context(self) -> AsyncIterator[None]:
@@ -177,9 +187,13 @@ class Plugin(SimplePlugin):
         # a Replayer does not show its plugin list: put a converter-owning plugin (such as
         # OpenAIAgentsPlugin) before exactcall.Plugin() on a Replayer
         config["data_converter"] = choose_data_converter(config.get("data_converter"), [])
+        self._parts = _Parts(tools=True, workflows=True)
         return super().configure_replayer(config)
 
     def configure_worker(self, config: WorkerConfig) -> WorkerConfig:
+        self._parts = _parts_for(config, bool(self.tools))
+        if not (self._parts.tools or self._parts.workflows):
+            return super().configure_worker(config)  # interceptor only: it adds nothing
         client = config.get("client")
         self._worker_client = client
         if client is not None and not carries_pydantic(client.data_converter):
@@ -194,6 +208,29 @@ class Plugin(SimplePlugin):
             # crashed call that long; a value the user chose is kept
             config["sticky_queue_schedule_to_start_timeout"] = STICKY_TIMEOUT
         return super().configure_worker(config)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Parts:
+    """What exactcall adds to one worker."""
+
+    tools: bool = False
+    """The tool activities (and probes): on a worker that polls activity tasks (a
+    workflow-only worker too: tools run on the workflow's own task queue by default); not on
+    one built with ``no_remote_activities=True``, Temporal's flag for a worker whose
+    activities run elsewhere (the workflow side of split workers)."""
+    workflows: bool = False
+    """exactcall's workflows (the call record, the reconciliation, its local activity): on a
+    worker that runs workflows; an activity-only worker never starts polling workflow tasks."""
+
+
+def _parts_for(config: WorkerConfig, has_tools: bool) -> _Parts:
+    """Nothing for a process that defines no exactcall tool: its workflows cannot call one."""
+    if not has_tools:
+        return _Parts()
+    return _Parts(
+        tools=not config.get("no_remote_activities"), workflows=bool(config.get("workflows"))
+    )
 
 
 def _mcp_pool(servers: Mapping[str, Any]) -> Any:

@@ -131,6 +131,13 @@ class Tool:
         return inspect.iscoroutinefunction(self.fn)
 
     @property
+    def attempt_reads(self) -> bool:
+        """Whether an attempt runs the tool as a read (no claim, nothing recorded, errors
+        retried). The workflow side goes by ``options.read_only`` alone, the declaration;
+        an MCP tool of a trusted server may also read by its ``readOnlyHint``."""
+        return self.options.read_only
+
+    @property
     def takes_key(self) -> bool:
         return KEY_PARAM in self._signature.parameters
 

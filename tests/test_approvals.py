@@ -140,7 +140,10 @@ async def test_preapproval_is_consumed_once_by_the_exact_call_only(
     res = await approvals.preapprove(
         client, handle.id, "transfer", {"bank": bank.url, "amount": 10, "to": who}, by="ops"
     )
-    assert res.accepted
+    # no exactcall call yet, so no approvals to check it against: Temporal holds the signal
+    # until the first call, which checks it (it is never reported as accepted before that)
+    assert (res.accepted, res.queued) == (False, True)
+    assert res.outcome.startswith("sent; queued until the workflow's first exactcall call")
     await handle.signal("go")
     # the first call (other args) is not released by it
     first = await pending_of(client, handle)
@@ -148,6 +151,13 @@ async def test_preapproval_is_consumed_once_by_the_exact_call_only(
     await approvals.approve(client, handle.id, first.step, args_hash=first.args_hash)
     # transfer#2 consumed the pre-approval and ran; transfer#3 waits for its own approval
     third = await pending_of(client, handle)
+    pre = [
+        r for r in (await approvals.view(client, handle.id)).decisions if r.decision == res.decision
+    ]
+    assert [(r.accepted, r.outcome) for r in pre] == [
+        (True, "pre-approval kept until the call is reached"),  # checked at the first call
+        (True, "approved (pre-approval)"),
+    ]
     assert third.step == "transfer#3"
     assert bank.count(to=who) == 1
     await approvals.deny(client, handle.id, third.step, args_hash=third.args_hash)

@@ -116,7 +116,9 @@ async def test_deny_and_preapprove_from_the_cli(
     rc, out, _ = await cli(
         server, "approve", handle.id, "--tool", "transfer", "--args", args, "--yes"
     )
-    assert rc == 0, out
+    # the workflow has made no exactcall call yet: sent, checked at its first call (exit 3)
+    assert rc == 3, out
+    assert "sent; queued until the workflow's first exactcall call, which checks it" in out
     assert exactcall.intent_hash("transfer", bank.url, 10, who) in out
     await handle.signal("go")
     second = await pending_of(client, handle)

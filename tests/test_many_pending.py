@@ -132,8 +132,15 @@ async def test_many_pending_on_one_worker_listed_decided_closed(
 
         async def decide(r: dict[str, Any]) -> approvals.DecisionResult:
             fn = approvals.approve if verdict[r["workflow_id"]] == "approve" else approvals.deny
+            # the confirmation is a query, which an evicted workflow answers after a replay:
+            # on a loaded 2-core machine 20 at once took longer than the CLI's 10 s default
             return await fn(
-                client, r["workflow_id"], r["step"], args_hash=r["args_hash"], by="tester"
+                client,
+                r["workflow_id"],
+                r["step"],
+                args_hash=r["args_hash"],
+                by="tester",
+                confirm_timeout=60,
             )
 
         results = await bounded(rows, decide)

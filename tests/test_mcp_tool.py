@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import pytest
 from temporalio.client import Client
+from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 import exactcall
@@ -171,11 +172,20 @@ async def test_read_only_hint_decides_only_on_a_trusted_server(
     mcp_worker: tuple[Client, str], effect_file: Path
 ) -> None:
     client, tq = mcp_worker  # the worker read the trusted server's hints when it started
-    assert mcp_app.trusted_show_key.options.read_only is True
-    assert mcp_app.trusted_append.options.read_only is False  # readOnlyHint false
-    assert mcp_app.trusted_sneaky.options.read_only is True  # trusted means believed
-    assert mcp_app.untrusted_show_key.options.read_only is False
-    assert mcp_app.untrusted_sneaky.options.read_only is False
+    assert mcp_app.trusted_show_key.attempt_reads is True
+    assert mcp_app.trusted_append.attempt_reads is False  # readOnlyHint false
+    assert mcp_app.trusted_sneaky.attempt_reads is True  # trusted means believed
+    assert mcp_app.untrusted_show_key.attempt_reads is False
+    assert mcp_app.untrusted_sneaky.attempt_reads is False
+    # the hint decides how this worker's attempts run, never the workflow's path: that is
+    # the declaration's (read_only=None: a write's) on every worker and in every replay
+    tools = (mcp_app.trusted_show_key, mcp_app.trusted_sneaky, mcp_app.untrusted_sneaky)
+    assert [t.options.read_only for t in tools] == [False, False, False]
+    # a hinted read's attempt claims nothing: no run claim for its workflow id
+    wid, out = await run(client, tq, step("mcp.tt.show_key"))
+    assert "ok" in out[0]
+    with pytest.raises(RPCError):
+        await client.get_workflow_handle(f"exactcall-run-{wid}").describe()
     # the untrusted server's lying hint is ignored: its "read-only" write is deduped
     text = uid()
     sneaky = step("mcp.t.sneaky_append", text=text, key="s")

@@ -29,6 +29,7 @@ from exactcall.demo.bank import Bank
 from tests.conftest import plan, start_agent, step
 from tests.test_approvals import eventually
 from tests.tools import FAST
+from tests.workflows import Agent
 
 
 async def test_the_attempt_that_finds_the_outcome_unknown_routes_it(
@@ -142,9 +143,10 @@ async def test_a_rerun_is_scheduled_from_the_input_not_the_registry(client: Clie
         probe_deadline=timedelta(seconds=5),
         call=spec,
     )
-    async with Worker(
+    async with Worker(  # the agents' worker: exactcall's workflows go where workflows run
         client,
         task_queue=tq,
+        workflows=[Agent],
         activities=[ghost_pay],
     ):
         await Record(client, intent).claim(Owner(run_id="r", activity_id="a"), 1)

@@ -1,7 +1,8 @@
 """Per-workflow state kept by exactcall's workflow interceptor.
 
-For each workflow instance: the ordinal of each tool (carried over continue-as-new in a
-header), the calls in flight by key, and the approval book with its signal and query handlers.
+For each workflow run that calls exactcall (made at its first call, kept on the run's
+interceptor): the ordinal of each tool (carried over continue-as-new in a header), the calls in
+flight by key, and the approval book with its signal and query handlers.
 Deterministic workflow code only.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +31,8 @@ from temporalio.exceptions import is_cancelled_exception
 from temporalio.worker import (
     ContinueAsNewInput,
     ExecuteWorkflowInput,
+    HandleSignalInput,
+    HandleUpdateInput,
     WorkflowInboundInterceptor,
     WorkflowOutboundInterceptor,
 )
@@ -160,14 +164,11 @@ class WorkflowState:
         self.published = True
 
 
-_STATE_ATTR = "_exactcall_state"
-# On the workflow object, not in a module-level WeakKeyDictionary keyed by it: the state refers
-# back to the workflow (its calls' tasks hold the workflow's event loop), so such an entry was
-# never dropped and every workflow a worker ever ran stayed in memory, evicted or finished.
-
-
-def _state_of(instance: Any) -> WorkflowState | None:
-    return getattr(instance, _STATE_ATTR, None)
+_CURRENT: ContextVar[_Inbound | None] = ContextVar("exactcall_workflow", default=None)
+"""The exactcall interceptor of the workflow run whose code is running. Set by the interceptor
+in the workflow's main task and in each handler's task (tasks those start inherit it), so the
+state lives on the run's interceptor: nothing is added to the workflow object, and a run that
+never calls exactcall gets no state, no signal and no query."""
 
 
 def _pin_search_attributes(flag: bool) -> bool:
@@ -203,13 +204,16 @@ def cancellation_reaches_calls() -> bool:
 
 
 def state() -> WorkflowState:
-    st = _state_of(workflow.instance())
-    if st is None:
+    """This run's exactcall state, made (with its approval signal and query) at first use."""
+    inbound = _CURRENT.get()
+    if inbound is None:
         raise PluginNotInstalled(
             "exactcall.call ran on a worker without exactcall.Plugin(): add "
             "plugins=[exactcall.Plugin()] to the Client or the Worker"
         )
-    return st
+    if inbound.state is None:
+        inbound.state = _install(inbound.config)
+    return inbound.state
 
 
 def current_config() -> WorkflowConfig:
@@ -223,21 +227,13 @@ def _carried_ordinals() -> dict[str, int]:
     return dict(workflow.payload_converter().from_payload(payload, dict[str, int]))
 
 
-def _install(config: WorkflowConfig) -> None:
+def _install(config: WorkflowConfig) -> WorkflowState:
     info = workflow.info()
     st = WorkflowState(
         config=config,
         book=ApprovalBook(workflow_id=info.workflow_id, verifier=config.verifier),
         ordinals=_carried_ordinals(),
     )
-    instance = workflow.instance()
-    try:
-        setattr(instance, _STATE_ATTR, st)  # freed with the workflow when it is evicted
-    except AttributeError:
-        raise TypeError(
-            f"{type(instance).__name__} has __slots__ without __dict__: exactcall keeps a "
-            f"workflow's call state in its {_STATE_ATTR!r} attribute; add it to __slots__"
-        ) from None
 
     def on_decide(decision: Decision) -> None:
         rec = st.book.decide(decision, workflow.now())
@@ -259,32 +255,50 @@ def _install(config: WorkflowConfig) -> None:
 
     workflow.set_signal_handler(DECIDE_SIGNAL, on_decide)
     workflow.set_query_handler(QUERY, on_query)
+    return st
 
 
 class _Inbound(WorkflowInboundInterceptor):
+    """One per workflow run: holds the run's exactcall state once it has one."""
+
     config: WorkflowConfig = WorkflowConfig()
 
     def init(self, outbound: WorkflowOutboundInterceptor) -> None:
-        super().init(_Outbound(outbound))
+        self.state: WorkflowState | None = None
+        super().init(_Outbound(outbound, self))
 
     async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
-        _install(self.config)
+        _CURRENT.set(self)  # in the main task's own context
         try:
             return await super().execute_workflow(input)
         except BaseException as err:
             # a workflow that ends cancelled cancels the calls it still has in flight (in
             # tasks of its own, which its cancellation did not reach) and waits for them
-            if is_cancelled_exception(err):
-                await state().cancel_flights()
+            if self.state is not None and is_cancelled_exception(err):
+                await self.state.cancel_flights()
             raise
+
+    async def handle_signal(self, input: HandleSignalInput) -> None:
+        _CURRENT.set(self)  # a handler runs in a task of its own
+        return await super().handle_signal(input)
+
+    async def handle_update_handler(self, input: HandleUpdateInput) -> Any:
+        _CURRENT.set(self)
+        return await super().handle_update_handler(input)
 
 
 class _Outbound(WorkflowOutboundInterceptor):
+    def __init__(self, next: WorkflowOutboundInterceptor, inbound: _Inbound) -> None:
+        super().__init__(next)
+        self._inbound = inbound
+
     def continue_as_new(self, input: ContinueAsNewInput) -> Any:
-        st = _state_of(workflow.instance())
+        st = self._inbound.state
         if st is not None and st.ordinals:
             carried: Payload = workflow.payload_converter().to_payload(st.ordinals)
             input.headers = {**input.headers, CARRY_HEADER: carried}
+        elif CARRY_HEADER in workflow.info().headers:  # a run that made no call passes it on
+            input.headers = {**input.headers, CARRY_HEADER: workflow.info().headers[CARRY_HEADER]}
         return super().continue_as_new(input)
 
 

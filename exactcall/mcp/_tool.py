@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import dataclasses
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +52,15 @@ class McpTool(Tool):
     server: str
     remote_name: str
     hint_pending: bool
+    hinted_read_only: bool = False
+    """What the trusted server's ``readOnlyHint`` said, read when the worker started. It
+    decides how this worker's attempts run, never the workflow's path (a declaration): the
+    workflow code of a ``read_only=None`` tool is a write's on every worker, whatever each
+    worker's server said, so replays never depend on it."""
+
+    @property
+    def attempt_reads(self) -> bool:
+        return self.options.read_only or self.hinted_read_only
 
 
 class McpToolError(Exception):
@@ -75,8 +83,11 @@ def tool(
     Call it from a workflow with its MCP arguments by name: ``await exactcall.call(t,
     text="hi")``. ``read_only=None``: a write, unless the server is trusted
     (``McpServerSpec(trusted=True)``) and its ``readOnlyHint`` says read-only, which the
-    worker checks when it starts. ``provider_idempotent=True`` when the server honours the key
-    in ``_meta`` ``io.exactcall/idempotency-key``. ``tool_name`` overrides the exactcall (and
+    worker checks when it starts: its attempts then run as reads (no claim, errors retried,
+    never an unknown outcome), while the workflow's code stays a write's (a keyed call is one
+    call), so a worker that saw another hint never changes a replay.
+    ``provider_idempotent=True`` when the server honours the key in ``_meta``
+    ``io.exactcall/idempotency-key``. ``tool_name`` overrides the exactcall (and
     activity) name ``mcp.<server>.<name>``; the other keyword options are
     ``@exactcall.tool``'s (version, heartbeat_timeout, retry_policy, approval_timeout, ...).
     Defining one name twice for the same MCP tool returns the first definition.
@@ -329,15 +340,10 @@ class McpPool:
                 continue
             wire = conn.tools.get(t.remote_name)
             hint = bool(wire and wire.annotations and wire.annotations.read_only_hint)
-            t.options = _with_read_only(t, hint)
+            # a tool that needs approval is a write, whatever the hint says
+            t.hinted_read_only = hint and not t.options.approval
             t.hint_pending = False
             log.info("mcp.read_only_hint", tool=t.name, read_only=hint, server=t.server)
-
-
-def _with_read_only(t: Tool, read_only: bool) -> Any:
-    if read_only and t.options.approval:
-        return t.options  # a tool that needs approval is a write, whatever the hint says
-    return dataclasses.replace(t.options, read_only=read_only)
 
 
 def _check_required(server: str, wire: WireTool, arguments: Mapping[str, Any]) -> None:

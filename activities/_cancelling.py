@@ -15,7 +15,6 @@ from the markers alone and never calls the tool.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -99,8 +98,8 @@ class Cancellation:
         if run is None or self._delivered:
             return
         self._delivered = True
-        with contextlib.suppress(Exception):  # activity.is_cancelled() for sync tools too
-            activity._Context.current().cancelled_event.set()
+        # an async tool is cancelled now; a sync one sees activity.is_cancelled() when the
+        # worker's own heartbeat (sent while the tool runs) brings the cancellation back
         if self.attempt.tool.is_async and not run.done():
             run.cancel()
 
@@ -161,14 +160,14 @@ class Cancellation:
         a = self.attempt
         if maybe_called:  # an earlier attempt may have called it: not ours to release
             reason = f"cancelled ({self.why}) before an earlier attempt's call was settled"
-            await a._unknown(reason)
+            await a.unknown(reason)
             raise AmbiguousOutcome(
                 f"{a.intent.tool} {a.intent.step}: outcome unknown; not re-sent. {reason}",
-                **a._fields(reason=reason),
+                **a.fields(reason=reason),
             )
         reason = f"cancelled ({self.why}) before the tool was called"
-        await a._mark("released", reason=reason)
-        await a._beat({"phase": "released", "attempt": a.info.attempt})
+        await a.mark("released", reason=reason)
+        await a.beat({"phase": "released", "attempt": a.info.attempt})
         a.log.info("tool.cancelled_before_call", why=self.why)
         raise ApplicationError(
             reason,
@@ -180,7 +179,7 @@ class Cancellation:
     async def settle(self) -> Any:
         """The settling attempt: what do the markers say? It never calls the tool."""
         a = self.attempt
-        async with a._keepalive(a._unchanged_details(), via_worker=False):
+        async with a.keepalive(a.unchanged_details(), via_worker=False):
             view = await a.record.read(claimant=False)
         state = view.state if view is not None else None
         mine = (
@@ -195,10 +194,10 @@ class Cancellation:
                 "the call was cancelled while an earlier attempt may have called the tool "
                 f"({doubt})"
             )
-            await a._unknown(reason)
+            await a.unknown(reason)
             raise AmbiguousOutcome(
                 f"{a.intent.tool} {a.intent.step}: outcome unknown; not re-sent. {reason}",
-                **a._fields(reason=reason),
+                **a.fields(reason=reason),
             )
         if view is None or state is None or not mine or state.phase == "idle":
             why = "its key is free" if state is None or mine else "another run holds its key"
@@ -209,13 +208,13 @@ class Cancellation:
                 non_retryable=True,
             )
         if state.final:
-            return a._recorded(view)
+            return a.recorded(view)
         reason = (
             "the call was cancelled while an earlier attempt may have called the tool (it "
             f"crashed or timed out; record phase {state.phase!r})"
         )
-        await a._unknown(reason)
+        await a.unknown(reason)
         raise AmbiguousOutcome(
             f"{a.intent.tool} {a.intent.step}: outcome unknown; not re-sent. {reason}",
-            **a._fields(reason=reason),
+            **a.fields(reason=reason),
         )

@@ -143,7 +143,7 @@ class Attempt:
             return await self.cancel.settle()
         return await self._settle()
 
-    def _unchanged_details(self) -> dict[str, Any]:
+    def unchanged_details(self) -> dict[str, Any]:
         """Liveness heartbeats while deciding must not erase what earlier attempts wrote."""
         details = self.info.heartbeat_details
         if details and isinstance(details[0], dict):
@@ -179,7 +179,7 @@ class Attempt:
         if not beat:
             return await durably(claim, self.cancel.by_worker)
         both = asyncio.gather(
-            claim, self._beat({"phase": "calling", "attempt": self.info.attempt}, via_worker=False)
+            claim, self.beat({"phase": "calling", "attempt": self.info.attempt}, via_worker=False)
         )
         holder, _ = await durably(both, self.cancel.by_worker)
         self.beaten = True
@@ -211,7 +211,7 @@ class Attempt:
         if self.beaten:  # nothing earlier in this chain: the pre-call heartbeat is written
             self.claimed = True
             return await self._call(beat=False)
-        async with self._keepalive(self._unchanged_details(), via_worker=False):
+        async with self.keepalive(self.unchanged_details(), via_worker=False):
             view = await self.record.read(claimant=False)
         if view is not None:
             return await self._by_record(view)
@@ -254,7 +254,7 @@ class Attempt:
                 self.log.info("tool.deduplicated", recorded_by=holder)
                 return seen.result
             if seen.verdict == "in_doubt":
-                async with self._keepalive(self._unchanged_details(), via_worker=False):
+                async with self.keepalive(self.unchanged_details(), via_worker=False):
                     view = await self.record.read(claimant=False)
                 if view is not None and view.state.final:
                     return await self._by_record(view)
@@ -268,7 +268,7 @@ class Attempt:
         """The per-call record protocol: claim the key's record, or follow what it says."""
         if await self._claim_and_beat():
             return await self._call(beat=False)
-        async with self._keepalive(self._unchanged_details(), via_worker=False):
+        async with self.keepalive(self.unchanged_details(), via_worker=False):
             view = await self.record.read(claimant=False)
         if view is None:  # a record that vanished (retention): claim it anew
             if await self.record.claim(self.owner, self.info.attempt):
@@ -299,7 +299,7 @@ class Attempt:
             f" already ran {self.intent.tool} with args hash {recorded_hash}; "
             f"this call has {self.intent.args_hash}. Nothing was executed. Use another "
             "key= for a different call.",
-            **self._fields(recorded_hash=recorded_hash),
+            **self.fields(recorded_hash=recorded_hash),
         )
 
     async def _by_record(self, view: RecordView) -> Any:
@@ -307,7 +307,7 @@ class Attempt:
         if state.intent.args_hash != self.intent.args_hash:
             raise self._conflict(state.intent.args_hash)
         if state.final:
-            return self._recorded(view)
+            return self.recorded(view)
         if state.phase == "idle" or (
             state.phase == "calling"
             and state.owner == self.owner
@@ -316,7 +316,7 @@ class Attempt:
             # never called: released after a definite failure, or our own earlier attempt
             # died between claiming the record and its pre-call heartbeat
             if state.phase == "idle":
-                await self._mark("calling")
+                await self.mark("calling")
             return await self._call()
         return await self._maybe_called(view)
 
@@ -324,7 +324,7 @@ class Attempt:
         """The tool may have run already (this chain or another)."""
         if self._may_recall(view):
             self.log.info("tool.recall_same_key", reason="provider-idempotent")
-            await self._mark("calling")
+            await self.mark("calling")
             return await self._call(maybe_called=True)
         if view.state.phase != "unknown" and view.state.owner != self.owner:
             # another run's attempt (a reset or a re-run) may still be paying: give it the
@@ -335,10 +335,10 @@ class Attempt:
             # its result on the record, and the call, unknown meanwhile, is reconciled: never
             # re-sent. So a crash settles within about heartbeat_timeout + 2 s.
             grace = self.tool.options.heartbeat_timeout
-            async with self._keepalive({"phase": "calling", "attempt": self.info.attempt}):
+            async with self.keepalive({"phase": "calling", "attempt": self.info.attempt}):
                 waited = await self.record.wait_done(grace)
             if waited is not None and waited.state.final:
-                return self._recorded(waited)
+                return self.recorded(waited)
         reason = (
             "an earlier attempt may have called the tool and did not record a result "
             f"(it crashed or timed out; record phase {view.state.phase!r})"
@@ -348,10 +348,10 @@ class Attempt:
                 "an attempt of the run that first made this call may have called the tool "
                 f"and did not record a result ({why})"
             )
-        await self._unknown(reason)
+        await self.unknown(reason)
         raise AmbiguousOutcome(
             f"{self.intent.tool} {self.intent.step}: outcome unknown; not re-sent. {reason}",
-            **self._fields(reason=reason),
+            **self.fields(reason=reason),
         )
 
     def _may_recall(self, view: RecordView) -> bool:
@@ -362,20 +362,20 @@ class Attempt:
             return datetime.now(UTC) - view.since < window
         return True
 
-    def _recorded(self, view: RecordView) -> Any:
+    def recorded(self, view: RecordView) -> Any:
         state = view.state
         self.deduplicated = True
         if state.phase == "abandoned":
             raise CallAbandoned(
                 f"{self.intent.tool} {self.intent.step}: its outcome was unknown and a person "
                 f"abandoned it ({state.reason}); it is not run again under this key",
-                **self._fields(),
+                **self.fields(),
             )
         if state.unserializable is not None:
             raise ResultNotSerializable(
                 f"{self.intent.tool} {self.intent.step} ran, but its result could not be "
                 f"recorded: {state.unserializable}",
-                **self._fields(),
+                **self.fields(),
             )
         self.log.info("tool.deduplicated", recorded_by=state.owner.run_id)
         return state.result
@@ -399,7 +399,7 @@ class Attempt:
             self.record.claim(self.owner, self.info.attempt),
             # to the server only: the keepalive beats through the worker while the tool runs,
             # well within the heartbeat timeout, so this saves a request per call
-            self._beat({"phase": "calling", "attempt": self.info.attempt}, via_worker=False),
+            self.beat({"phase": "calling", "attempt": self.info.attempt}, via_worker=False),
         )
         claimed, _ = await durably(both, self.cancel.by_worker)  # a claim is never torn
         self.claimed = bool(claimed)
@@ -407,7 +407,7 @@ class Attempt:
 
     async def _call(self, beat: bool = True, maybe_called: bool = False) -> Any:
         if beat:
-            await self._beat({"phase": "calling", "attempt": self.info.attempt}, via_worker=False)
+            await self.beat({"phase": "calling", "attempt": self.info.attempt}, via_worker=False)
         if self.cancel.why:
             return await self.cancel.before_call(maybe_called)
         maybe_crash("in_call", self.intent.tool, self.info.attempt, self.intent.step)
@@ -424,7 +424,7 @@ class Attempt:
                 f"{self.intent.tool} {self.intent.step} ran (recorded as done, it will not run "
                 f"again under this key), but its result cannot be recorded: {exc.message}. "
                 "Return JSON data, a pydantic model or a dataclass.",
-                **self._fields(),
+                **self.fields(),
             ) from None
         reported = self.claimed and not self.cancel.why and await self._report(value)
         if not reported:
@@ -457,14 +457,14 @@ class Attempt:
                 run = asyncio.ensure_future(t.fn(*pos, **kw))
             else:
                 run = asyncio.ensure_future(asyncio.to_thread(t.fn, *pos, **kw))
-        async with self._keepalive({"phase": beat_phase, "attempt": self.info.attempt}):
+        async with self.keepalive({"phase": beat_phase, "attempt": self.info.attempt}):
             return await self.cancel.outcome(run)
 
     async def _failed(self, exc: Exception) -> Any:
         opts = self.tool.options
         if isinstance(exc, (NotExecuted, *opts.not_executed_on)):
-            await self._mark("released", reason=_describe(exc))
-            await self._beat({"phase": "released", "attempt": self.info.attempt})
+            await self.mark("released", reason=_describe(exc))
+            await self.beat({"phase": "released", "attempt": self.info.attempt})
             final = self._final_attempt(exc) or self.cancel.by_workflow
             self.log.info("tool.not_executed", error=_describe(exc), final=final)
             raise ApplicationError(
@@ -481,19 +481,19 @@ class Attempt:
             if self.fast:
                 # off the happy path, the fast path writes the record too: a cancel in the
                 # back-off leaves no trace of this attempt in the history
-                await self._mark("calling")
+                await self.mark("calling")
             raise ApplicationError(
                 _describe(exc), type="ToolError", next_retry_delay=self._backoff()
             ) from exc
         reason = f"the tool raised {_describe(exc)} after it may have started its effect"
         if self.cancel.why and not isinstance(exc, ToolCancelled):
             reason = f"{reason} ({self.cancel.why})"
-        await self._unknown(reason)
+        await self.unknown(reason)
         raise AmbiguousOutcome(
             f"{self.intent.tool} {self.intent.step}: outcome unknown; not re-sent. {reason}. "
             "Raise exactcall.NotExecuted (or list the type in not_executed_on=) when an error "
             "means the effect did not happen.",
-            **self._fields(reason=reason, error_type=type(exc).__name__),
+            **self.fields(reason=reason, error_type=type(exc).__name__),
         ) from exc
 
     def _backoff(self) -> timedelta:
@@ -515,7 +515,7 @@ class Attempt:
         return 0 < policy.maximum_attempts <= self.info.attempt
 
     # -- markers ----------------------------------------------------------------------------
-    async def _beat(
+    async def beat(
         self, details: dict[str, Any], durable: bool = True, via_worker: bool = True
     ) -> None:
         """A synchronous heartbeat: durable, and refused if this attempt is stale. Its answer
@@ -538,7 +538,7 @@ class Attempt:
             self.cancel(BY_WORKFLOW)
 
     @contextlib.asynccontextmanager
-    async def _keepalive(
+    async def keepalive(
         self, details: dict[str, Any], via_worker: bool = True
     ) -> AsyncIterator[None]:
         interval = max(0.2, self.tool.options.heartbeat_timeout.total_seconds() / 4)
@@ -547,7 +547,7 @@ class Attempt:
             while True:
                 await asyncio.sleep(interval)
                 try:
-                    await self._beat(details, durable=False, via_worker=via_worker)
+                    await self.beat(details, durable=False, via_worker=via_worker)
                 except Exception as exc:  # stale attempt or server away: keep the tool going
                     self.log.warning("tool.heartbeat_failed", error=_describe(exc))
 
@@ -559,30 +559,30 @@ class Attempt:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    async def _mark(self, kind: str, **fields: Any) -> None:
+    async def mark(self, kind: str, **fields: Any) -> None:
         ev = RecordEvent(kind=kind, owner=self.owner, attempt=self.info.attempt, **fields)  # type: ignore[arg-type]
         await durably(self.record.mark(ev), self.cancel.by_worker)
 
     async def _done(self, value: Any, unserializable: str | None = None) -> None:
         try:
-            await self._mark("done", result=value, unserializable=unserializable)
+            await self.mark("done", result=value, unserializable=unserializable)
         except Exception:
             # keep the result in this chain's heartbeat so the next attempt can record it
-            await self._beat({"phase": "done", "result": value, "unserializable": unserializable})
+            await self.beat({"phase": "done", "result": value, "unserializable": unserializable})
             raise
 
     async def _finish_recording(self) -> Any:
         """The previous attempt ran the tool but could not write the record: write it now."""
         details = self.info.heartbeat_details[0]
-        await self._mark(
+        await self.mark(
             "done", result=details.get("result"), unserializable=details.get("unserializable")
         )
-        return self._recorded(await self._must_read())
+        return self.recorded(await self._must_read())
 
-    async def _unknown(self, reason: str) -> None:
+    async def unknown(self, reason: str) -> None:
         self.log.error("tool.ambiguous", reason=reason)
         try:
-            await self._mark("unknown", reason=reason)
+            await self.mark("unknown", reason=reason)
         except Exception as exc:
             self.log.error("tool.record_unreachable", error=_describe(exc))
         await self._route(reason)
@@ -622,7 +622,7 @@ class Attempt:
             raise InvalidCall(
                 "the intent handed to this activity does not match its own arguments "
                 "(edited history or a bug); nothing was executed",
-                **self._fields(expected_hash=expect_hash, expected_key=expect_key),
+                **self.fields(expected_hash=expect_hash, expected_key=expect_key),
             )
         self._check_approval(expect_hash)
 
@@ -637,10 +637,10 @@ class Attempt:
             raise ApprovalMissing(
                 f"{i.tool} {i.step} is about to run args hash {actual_hash}, but the approved "
                 f"hash is {approved}; refusing to run it",
-                **self._fields(approved_hash=approved),
+                **self.fields(approved_hash=approved),
             )
 
-    def _fields(self, **extra: Any) -> dict[str, Any]:
+    def fields(self, **extra: Any) -> dict[str, Any]:
         i = self.intent
         return {
             "tool": i.tool,

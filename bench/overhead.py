@@ -500,16 +500,16 @@ def timed_activity_factory() -> Callable[[Any, Variant, Sink], Callable[..., Awa
                 return False
             claimed = await self.record.claim(self.owner, self.info.attempt)
             if claimed:
-                await self._beat({"phase": "calling", "attempt": self.info.attempt})
+                await self.beat({"phase": "calling", "attempt": self.info.attempt})
             self.sink.stages["claim, then heartbeat"].append(time.perf_counter() - t0)
             return claimed
 
-        async def _beat(self, details: dict[str, Any], *a: Any, **kw: Any) -> None:
+        async def beat(self, details: dict[str, Any], *a: Any, **kw: Any) -> None:
             if self.variant.no_beat and details.get("phase") == "calling":
                 return
             t0 = time.perf_counter()
             try:
-                await super()._beat(details, *a, **kw)
+                await super().beat(details, *a, **kw)
             finally:
                 self.sink.stages["heartbeat RPC (sync)"].append(time.perf_counter() - t0)
 

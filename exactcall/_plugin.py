@@ -18,9 +18,8 @@ from temporalio.client import Client, ClientConfig
 from temporalio.contrib.pydantic import (
     PydanticJSONPlainPayloadConverter,
     PydanticPayloadConverter,
-    pydantic_data_converter,
 )
-from temporalio.converter import CompositePayloadConverter, DataConverter, DefaultPayloadConverter
+from temporalio.converter import CompositePayloadConverter, DataConverter
 from temporalio.plugin import SimplePlugin
 from temporalio.service import RPCError
 from temporalio.worker import (
@@ -36,6 +35,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 from exactcall.activities import await_settled, mark_record, probe_activity, tool_activity
 from exactcall.workflows import CallRecord, Reconcile
 
+from ._converter import ModelsAsPydantic, models_as_pydantic
 from ._errors import ExactcallError
 from ._tool import Tool, registered_tools
 from ._verdicts import UNRESOLVED_ATTRIBUTE
@@ -283,10 +283,12 @@ async def ensure_search_attributes(client: Client) -> None:
 
 
 def carries_pydantic(conv: DataConverter) -> bool:
-    """Whether a data converter's JSON encoding is pydantic's (as in PydanticPayloadConverter,
-    Pydantic AI's subclass of it, or the OpenAI Agents SDK's composite converter)."""
+    """Whether a data converter carries exactcall's pydantic models: exactcall's wrapper (see
+    ``exactcall._converter``), or a converter whose JSON encoding is pydantic's
+    (PydanticPayloadConverter, Pydantic AI's subclass of it, the OpenAI Agents SDK's
+    composite converter)."""
     cls = conv.payload_converter_class
-    if issubclass(cls, PydanticPayloadConverter):
+    if issubclass(cls, PydanticPayloadConverter | ModelsAsPydantic):
         return True
     if not issubclass(cls, CompositePayloadConverter):
         return False
@@ -303,45 +305,38 @@ def choose_data_converter(
     existing: DataConverter | None, later_plugins: Sequence[Any] = ()
 ) -> DataConverter:
     """The data converter exactcall runs with, given the current one and the plugins that will
-    configure the client after exactcall. Never silently replaces a converter that carries
-    pydantic models; refuses one that cannot be made to."""
+    configure the client after exactcall. A converter that carries pydantic models is kept as
+    it is; any other is wrapped so that exactcall's models are pydantic JSON and every other
+    value is the converter's own (the same bytes as without exactcall). The codec and failure
+    converter are kept."""
     if existing is not None and carries_pydantic(existing):
         return existing
     if existing is None:
         existing = DataConverter.default
-    if existing.payload_converter_class is not DefaultPayloadConverter:
-        raise ExactcallError(
-            "exactcall needs a data converter that carries pydantic models; the payload "
-            f"converter {existing.payload_converter_class.__module__}."
-            f"{existing.payload_converter_class.__qualname__} does not. Use "
-            "temporalio.contrib.pydantic.PydanticPayloadConverter (or a subclass of it, or a "
-            "CompositePayloadConverter whose JSON converter is a "
-            "PydanticJSONPlainPayloadConverter) as payload_converter_class; codecs and failure "
-            "converters are kept as they are"
-        )
-    if any(_refuses_pydantic(p) for p in later_plugins):
+    default = DataConverter.default.payload_converter_class
+    if existing.payload_converter_class is default and any(
+        _replaces_the_default(p) for p in later_plugins
+    ):
         return existing  # that plugin replaces the default with its own (pydantic) converter
-    if existing == DataConverter.default:
-        return pydantic_data_converter
-    # Temporal's default payload converter with the user's codec or failure converter: keep them
-    return dataclasses.replace(existing, payload_converter_class=PydanticPayloadConverter)
+    wrapped = models_as_pydantic(existing.payload_converter_class)
+    return dataclasses.replace(existing, payload_converter_class=wrapped)
 
 
-def _refuses_pydantic(plugin: Any) -> bool:
-    """A later plugin that would reject the pydantic converter but accepts the default one,
-    which it replaces (OpenAIAgentsPlugin insists on its own payload converter)."""
+def _replaces_the_default(plugin: Any) -> bool:
+    """A later plugin that puts its own pydantic-carrying converter in place of Temporal's
+    default (OpenAIAgentsPlugin insists on it; PydanticAIPlugin warns about any other)."""
     chooser = getattr(plugin, "data_converter", None) if isinstance(plugin, SimplePlugin) else None
     if not callable(chooser):
         return False
     try:
-        chooser(pydantic_data_converter)
+        theirs = chooser(DataConverter.default)
     except Exception:
-        try:
-            chooser(DataConverter.default)
-        except Exception:
-            return False  # it refuses both: its own error will say why
-        return True
-    return False
+        return False  # it refuses the default too: its own error will say why
+    return (
+        isinstance(theirs, DataConverter)
+        and theirs.payload_converter_class is not DataConverter.default.payload_converter_class
+        and carries_pydantic(theirs)
+    )
 
 
 def _workflow_runner(existing: WorkflowRunner | None) -> WorkflowRunner:

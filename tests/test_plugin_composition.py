@@ -12,11 +12,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from exactcall.approvals import Decision
 from pydantic_ai.durable_exec.temporal import PydanticAIPlugin
 from pydantic_ai.durable_exec.temporal._payload_converter import PydanticAIPayloadConverter
 from temporalio.api.common.v1 import Payload
 from temporalio.client import Client
-from temporalio.contrib.pydantic import PydanticPayloadConverter
+from temporalio.contrib.pydantic import PydanticPayloadConverter, pydantic_data_converter
 from temporalio.converter import (
     CompositePayloadConverter,
     DataConverter,
@@ -28,6 +29,7 @@ from temporalio.openai_agents import OpenAIAgentsPlugin, OpenAIPayloadConverter
 from temporalio.openai_agents.testing import ResponseBuilders, TestModel, TestModelProvider
 
 import exactcall
+from exactcall._converter import ModelsAsPydantic
 from exactcall._plugin import carries_pydantic, choose_data_converter
 from exactcall._server import DevServer
 from tests.conftest import plan, running_worker, start_agent, step
@@ -42,7 +44,7 @@ def _openai() -> OpenAIAgentsPlugin:
 FRAMEWORKS: dict[str, tuple[Callable[[], Any], type]] = {
     "openai-agents": (_openai, OpenAIPayloadConverter),
     "pydantic-ai": (PydanticAIPlugin, PydanticAIPayloadConverter),
-    "langgraph": (lambda: LangGraphPlugin(graphs={}), PydanticPayloadConverter),
+    "langgraph": (lambda: LangGraphPlugin(graphs={}), ModelsAsPydantic),
 }
 
 
@@ -57,7 +59,7 @@ async def test_composes_in_either_order_and_calls_run(
         plugins.reverse()
     client = await Client.connect(server.address, plugins=plugins)
     # the framework's own converter is kept (never silently replaced by plain pydantic)
-    assert client.data_converter.payload_converter_class is converter_class
+    assert issubclass(client.data_converter.payload_converter_class, converter_class)
     async with running_worker(client, tq):
         out = await (await start_agent(client, tq, plan(step("pay", bank.url, 10, who)))).result()
     assert out[0]["ok"]["amount"] == 10, out
@@ -79,12 +81,29 @@ class _PassThroughCodec(PayloadCodec):
         return list(payloads)
 
 
-def test_the_default_converter_becomes_pydantic_and_keeps_the_codec() -> None:
+def test_the_default_converter_is_wrapped_and_keeps_the_codec() -> None:
     codec = _PassThroughCodec()
     chosen = choose_data_converter(dataclasses.replace(DataConverter.default, payload_codec=codec))
-    assert chosen.payload_converter_class is PydanticPayloadConverter
+    assert issubclass(chosen.payload_converter_class, ModelsAsPydantic)
+    assert chosen.payload_converter_class.inner_class is DefaultPayloadConverter
     assert chosen.payload_codec is codec
-    assert choose_data_converter(None).payload_converter_class is PydanticPayloadConverter
+    assert choose_data_converter(None).payload_converter_class is chosen.payload_converter_class
+    conv = chosen.payload_converter
+    # a dict is the default converter's (sorted keys); a model is pydantic JSON
+    [d, m] = conv.to_payloads(
+        [{"b": 1, "a": 2}, Decision(decision="approve", args_hash="h", by="ops")]
+    )
+    assert d.data == DataConverter.default.payload_converter.to_payloads([{"b": 1, "a": 2}])[0].data
+    assert (
+        m.data
+        == pydantic_data_converter.payload_converter.to_payloads(
+            [Decision(decision="approve", args_hash="h", by="ops")]
+        )[0].data
+    )
+    assert conv.from_payloads([m], [Decision]) == [
+        Decision(decision="approve", args_hash="h", by="ops")
+    ]
+    assert conv.from_payloads([d], [dict]) == [{"a": 2, "b": 1}]
 
 
 def test_the_default_is_left_for_a_later_plugin_that_insists_on_its_own() -> None:
@@ -99,15 +118,12 @@ class _PlainJSON(CompositePayloadConverter):
         super().__init__(*DefaultPayloadConverter.default_encoding_payload_converters)
 
 
-async def test_a_converter_that_cannot_carry_pydantic_models_is_refused_clearly(
-    server: DevServer,
-) -> None:
+def test_a_converter_that_cannot_carry_pydantic_models_is_wrapped() -> None:
     conv = DataConverter(payload_converter_class=_PlainJSON)
     assert not carries_pydantic(conv)
-    with pytest.raises(exactcall.ExactcallError) as exc:
-        await Client.connect(server.address, data_converter=conv, plugins=[exactcall.Plugin()])
-    msg = str(exc.value)
-    assert "_PlainJSON" in msg and "PydanticPayloadConverter" in msg
+    chosen = choose_data_converter(conv)
+    assert carries_pydantic(chosen) and chosen.payload_converter_class.inner_class is _PlainJSON
+    assert choose_data_converter(chosen) is chosen  # once
 
 
 def test_the_core_imports_no_integration() -> None:

@@ -19,7 +19,19 @@ import exactcall
 from exactcall._server import DevServer
 from exactcall._worker import Connection, connect
 from exactcall.demo.bank import Bank
-from tests.plain_app import Dynamic, Greeter, Slotted, SlottedPayer, shout
+from tests.plain_app import (
+    MONEY,
+    Dynamic,
+    Echo,
+    Greeter,
+    Money,
+    Slotted,
+    SlottedPayer,
+    Till,
+    double,
+    shout,
+    sort_out,
+)
 
 WFT_STARTED = EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED
 ACT_STARTED = EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
@@ -42,8 +54,8 @@ async def added(server: DevServer) -> Client:
 @asynccontextmanager
 async def split(client: Client, tq: str) -> AsyncIterator[None]:
     """A workflow-only worker and an activity-only worker on one task queue, in one process."""
-    wf = Worker(client, task_queue=tq, workflows=[Greeter, Slotted, Dynamic], identity="wf")
-    act = Worker(client, task_queue=tq, activities=[shout], identity="act")
+    wf = Worker(client, task_queue=tq, workflows=[Greeter, Slotted, Dynamic, Echo], identity="wf")
+    act = Worker(client, task_queue=tq, activities=[shout, sort_out], identity="act")
     async with wf, act:
         yield
 
@@ -61,6 +73,21 @@ async def shape(client: Client, wid: str) -> list[tuple[str, str]]:
     return out
 
 
+async def payload_bytes(client: Client, wid: str) -> list[bytes]:
+    """The bytes of every payload the workflow's history carries (inputs and results)."""
+    out = []
+    async for e in client.get_workflow_handle(wid).fetch_history_events():
+        for attrs, field in (
+            ("workflow_execution_started_event_attributes", "input"),
+            ("activity_task_scheduled_event_attributes", "input"),
+            ("activity_task_completed_event_attributes", "result"),
+            ("workflow_execution_completed_event_attributes", "result"),
+        ):
+            if e.HasField(attrs):
+                out += [p.data for p in getattr(getattr(e, attrs), field).payloads]
+    return out
+
+
 async def run_all(client: Client) -> dict[str, Any]:
     tq = f"plain-{uuid.uuid4().hex[:8]}"
     seen: dict[str, Any] = {}
@@ -69,6 +96,9 @@ async def run_all(client: Client) -> dict[str, Any]:
             wid = f"greet-{uuid.uuid4().hex[:8]}"
             out = await client.execute_workflow(Greeter.run, f"n{n}", id=wid, task_queue=tq)
             seen[f"greet{n}"] = (out, await shape(client, wid))
+        wid = f"echo-{uuid.uuid4().hex[:8]}"
+        out = await client.execute_workflow(Echo.run, {"b": 1, "a": 2}, id=wid, task_queue=tq)
+        seen["echo"] = (out, await payload_bytes(client, wid))
         wid = f"slots-{uuid.uuid4().hex[:8]}"
         out = await client.execute_workflow(Slotted.run, "slots", id=wid, task_queue=tq)
         seen["slots"] = (out, await shape(client, wid))
@@ -132,3 +162,27 @@ async def test_a_slots_workflow_calls_exactcall(
         )
     assert out["to"] == who
     assert bank.count(to=who) == 1
+
+
+async def test_a_custom_payload_converter_works_and_is_left_alone(
+    server: DevServer, bank: Bank, who: str
+) -> None:
+    # Temporal's samples/custom_converter: a composite with an encoding of the user's own
+    plain = await Client.connect(server.address, namespace="default", data_converter=MONEY)
+    conn = Connection(address=server.address, namespace="default")
+    added = await connect(conn, plugin=exactcall.Plugin(), data_converter=MONEY)
+    seen = []
+    for client in (plain, added):
+        tq = f"money-{uuid.uuid4().hex[:8]}"
+        async with Worker(client, task_queue=tq, workflows=[Till], activities=[double]):
+            wid = f"till-{uuid.uuid4().hex[:8]}"
+            out = await client.execute_workflow(Till.run, Money(21), id=wid, task_queue=tq)
+            seen.append((out, await payload_bytes(client, wid)))
+    assert seen[0] == seen[1] == (Money(42), [b"21", b"21", b"42", b"42"])
+    # and exactcall's own payloads (the intent, its records) ride on it: a guarded call runs
+    tq = f"money-{uuid.uuid4().hex[:8]}"
+    async with Worker(added, task_queue=tq, workflows=[SlottedPayer]):
+        out = await added.execute_workflow(
+            SlottedPayer.run, args=[bank.url, who], id=f"money-pay-{who}", task_queue=tq
+        )
+    assert out["to"] == who and bank.count(to=who) == 1

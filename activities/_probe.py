@@ -8,8 +8,6 @@ import contextlib
 import inspect
 from collections.abc import Awaitable, Callable
 
-from exactcall.workflows import MARK_RECORD, probe_activity_name
-from exactcall.workflows._unknown import AWAIT_SETTLED
 from temporalio import activity
 from temporalio.client import WorkflowFailureError
 
@@ -19,6 +17,7 @@ from exactcall._errors import ExactcallError
 from exactcall._model import Intent, RecordEvent
 from exactcall._tool import Tool
 from exactcall._verdicts import Settled, Verdict, to_verdict
+from exactcall._wire import AWAIT_SETTLED, MARK_RECORD, probe_activity_name
 
 from ._records import Record
 

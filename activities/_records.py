@@ -26,7 +26,6 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from exactcall.workflows import MARK_SIGNAL, RECORD_WORKFLOW, record_id
 from temporalio.api.enums.v1 import EventType, PendingWorkflowTaskState
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
@@ -37,6 +36,7 @@ from exactcall._errors import ExactcallError
 from exactcall._model import Intent, Owner, RecordEvent, RecordInit, RecordState
 from exactcall._ui import call_summary
 from exactcall._verdicts import reconcile_id
+from exactcall._wire import MARK_SIGNAL, RECORD_WORKFLOW, record_id
 
 from . import _runs as runs
 

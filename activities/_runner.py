@@ -33,9 +33,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
-from exactcall.approvals._binding import ApprovalMissing
-from exactcall.workflows._approval_wait import needs_approval
-from exactcall.workflows._unknown import SETTLE_PREFIX, reconcile_input, reconcile_start_options
 from temporalio import activity
 from temporalio.client import AsyncActivityCancelledError, AsyncActivityHandle
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
@@ -54,7 +51,15 @@ from exactcall._errors import (
 from exactcall._metrics import observed_attempt
 from exactcall._model import Intent, Owner, RecordEvent, RecordState
 from exactcall._tool import Tool
-from exactcall._verdicts import RECONCILE_WORKFLOW, CallAbandoned, reconcile_id
+from exactcall._verdicts import (
+    RECONCILE_WORKFLOW,
+    CallAbandoned,
+    reconcile_id,
+    reconcile_input,
+    reconcile_start_options,
+)
+from exactcall._wire import SETTLE_PREFIX
+from exactcall.approvals._binding import ApprovalMissing
 
 from . import _runs as runs
 from ._cancelling import BY_WORKFLOW, Cancellation, ToolCancelled, durably
@@ -629,7 +634,7 @@ class Attempt:
     def _check_approval(self, actual_hash: str) -> None:
         """The hash about to run must be the approved hash, if the call needs approval."""
         i = self.intent
-        if i.approval is None and not needs_approval(self.tool, i):
+        if i.approval is None and not self.tool.needs_approval(i):
             return
         if i.approval is None or i.approval.args_hash != actual_hash:
             approved = i.approval.args_hash if i.approval else None

@@ -54,7 +54,9 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from exactcall._model import Intent
-from exactcall._ui import RUN_CLAIM_TYPE, claim_summary
+from exactcall._ui import claim_summary
+from exactcall._wire import RUN_CLAIM_WORKFLOW as RUN_CLAIM_WORKFLOW
+from exactcall._wire import run_claim_id as run_claim_id
 
 __all__ = [
     "RUN_CLAIM_WORKFLOW",
@@ -68,8 +70,6 @@ __all__ = [
     "run_claim_id",
 ]
 
-RUN_CLAIM_WORKFLOW = RUN_CLAIM_TYPE
-"""Workflow type of a claim record (never registered: it never runs code)."""
 CLAIM_LIFETIME = timedelta(minutes=5)
 """How long a claim record is listed as running; then it closes by itself, and keeps refusing
 other runs (REJECT_DUPLICATE) for the namespace's retention."""
@@ -78,11 +78,6 @@ _REQUEST_NS = uuid.UUID("5d0c1f52-56a6-4c39-9d0e-3b8f1a3f7e21")
 _CACHE_SIZE = 4096
 _NOT_CALLED_TYPES = frozenset({"NotExecuted", "IntentConflict", "InvalidCall", "ApprovalMissing"})
 """Failures after which the attempt is known not to have called the tool."""
-
-
-def run_claim_id(workflow_id: str) -> str:
-    """Workflow id of the claim record of ``workflow_id``."""
-    return f"exactcall-run-{workflow_id}"
 
 
 class _Lru(OrderedDict[Any, Any]):

@@ -26,6 +26,12 @@ from pydantic import BaseModel, ConfigDict
 
 from exactcall._canonical import canonical_json
 from exactcall._errors import ExactcallError, register_error
+from exactcall._model import ApprovalGrant
+from exactcall._wire import APPROVALS_QUERY as QUERY
+from exactcall._wire import DECIDE_SIGNAL as DECIDE_SIGNAL
+from exactcall._wire import PENDING_ATTRIBUTE as PENDING_ATTRIBUTE
+from exactcall._wire import PENDING_MEMO as PENDING_MEMO
+from exactcall._wire import REQUESTED_BY_MEMO as REQUESTED_BY_MEMO
 
 __all__ = [
     "DECIDE_SIGNAL",
@@ -43,11 +49,6 @@ __all__ = [
     "signed_payload",
 ]
 
-DECIDE_SIGNAL = "exactcall.decide"
-QUERY = "exactcall.approvals"
-PENDING_MEMO = "exactcall.pending"
-PENDING_ATTRIBUTE = "ExactcallPending"
-REQUESTED_BY_MEMO = "exactcall.requested_by"
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -121,17 +122,6 @@ class DecisionRecord(BaseModel):
     accepted: bool
     outcome: str
     at: datetime
-
-
-class ApprovalGrant(BaseModel):
-    """The approval a call runs under (carried in the intent, checked at the effect)."""
-
-    model_config = _FROZEN
-
-    args_hash: str
-    approved_by: tuple[str, ...]
-    reasons: tuple[str, ...] = ()
-    decided_at: datetime
 
 
 class ApprovalsView(BaseModel):

@@ -30,11 +30,11 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from exactcall.activities import _records, _runs
-from exactcall.workflows import RECORD_WORKFLOW, record_id
 from temporalio.client import Client
 
 from exactcall._canonical import derive_key
+from exactcall.activities import _records, _runs
+from exactcall.workflows import RECORD_WORKFLOW, record_id
 
 _LINE = re.compile(r"^service_requests\{(?P<labels>[^}]*)\}\s+(?P<value>[0-9.e+]+)$")
 _LABEL = re.compile(r'(\w+)="([^"]*)"')

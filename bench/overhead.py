@@ -37,9 +37,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from exactcall.workflows import RECORD_WORKFLOW
-
 from exactcall._model import Intent, RecordInit
+from exactcall.workflows import RECORD_WORKFLOW
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # `python bench/overhead.py` puts it there already
@@ -451,9 +450,10 @@ class Sink:
 def timed_activity_factory() -> Callable[[Any, Variant, Sink], Callable[..., Awaitable[Any]]]:
     """Subclasses of exactcall's Attempt and Record that time each step (imported late; the
     package is not edited). Variants change only the fast path of a first attempt."""
+    from temporalio import activity
+
     from exactcall.activities._records import Record
     from exactcall.activities._runner import REPORTED, Attempt
-    from temporalio import activity
 
     class TimedRecord(Record):
         def __init__(self, client: Any, intent: Any, variant: Variant, sink: Sink) -> None:
@@ -622,9 +622,8 @@ async def rpc_costs(client: Any, meter: CpuMeter, n: int = 200) -> dict[str, dic
 
 
 async def _rpc_costs(client: Any, meter: CpuMeter, n: int) -> dict[str, dict[str, float]]:
-    from exactcall.activities._records import Record
-
     from exactcall._model import Owner, RecordEvent
+    from exactcall.activities._records import Record
 
     tq = f"bench-noworker-{uuid.uuid4().hex[:8]}"
     prefix = f"bench-rpc-{uuid.uuid4().hex[:8]}"  # fresh keys: a second run must not collide
@@ -673,10 +672,10 @@ async def profile(
     """Run the profile; ``done(figures)`` is called before the workers shut down (a crash at
     worker shutdown, sdk-python #300, must not lose the figures)."""
     from _bench_workflows import BareCalls, ExactCalls, bare_work
-    from exactcall.activities._records import Record
 
     import exactcall
     from exactcall._worker import Connection, build_worker, connect
+    from exactcall.activities._records import Record
 
     timed_activity = timed_activity_factory()
     tool = exactcall.get_tool("ec_work")

@@ -24,6 +24,8 @@ from typing import Any
 import pydantic
 import rfc8785
 
+from exactcall._wire import KEY_SCHEME as KEY_SCHEME
+
 from ._errors import InvalidCall
 
 __all__ = [
@@ -38,7 +40,6 @@ __all__ = [
 JsonValue = Any
 """A value made only of None, bool, int, finite float, str, list and str-keyed dict."""
 
-KEY_SCHEME = "exactcall.key/v1"
 _MAX_SAFE_INT = 2**53 - 1
 
 

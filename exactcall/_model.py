@@ -12,11 +12,20 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from .approvals._binding import ApprovalGrant
-
-__all__ = ["Intent", "Owner", "RecordEvent", "RecordInit", "RecordState"]
+__all__ = ["ApprovalGrant", "Intent", "Owner", "RecordEvent", "RecordInit", "RecordState"]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class ApprovalGrant(BaseModel):
+    """The approval a call runs under (carried in the intent, checked at the effect)."""
+
+    model_config = _FROZEN
+
+    args_hash: str
+    approved_by: tuple[str, ...]
+    reasons: tuple[str, ...] = ()
+    decided_at: datetime
 
 
 class Intent(BaseModel):

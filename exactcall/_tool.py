@@ -22,7 +22,10 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 from ._canonical import JsonValue, args_hash, canonical_json, to_json_value
-from ._errors import ArgumentsTooLarge, InvalidCall, UnknownTool
+from ._errors import ArgumentsTooLarge, ExactcallError, InvalidCall, UnknownTool
+
+if typing.TYPE_CHECKING:
+    from ._model import Intent
 
 __all__ = [
     "DEFAULT_MAX_ARGS_BYTES",
@@ -129,6 +132,20 @@ class Tool:
     @property
     def is_async(self) -> bool:
         return inspect.iscoroutinefunction(self.fn)
+
+    def needs_approval(self, intent: Intent) -> bool:
+        """Whether a call waits for a person: ``approval=True``, or the tool's policy says so."""
+        rule = self.options.approval
+        if rule is True or not rule:
+            return bool(rule)
+        try:
+            return bool(rule(intent))
+        except Exception as exc:
+            raise ExactcallError(
+                f"the approval policy of {self.name} raised {type(exc).__name__}: {exc}",
+                tool=self.name,
+                step=intent.step,
+            ) from exc
 
     @property
     def attempt_reads(self) -> bool:

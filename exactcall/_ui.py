@@ -23,8 +23,11 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from exactcall._wire import RECORD_WORKFLOW as RECORD_TYPE
+from exactcall._wire import RUN_CLAIM_WORKFLOW as RUN_CLAIM_TYPE
+
 from ._model import Intent
-from ._verdicts import RECONCILE_WORKFLOW, UNRESOLVED_ATTRIBUTE
+from ._wire import RECONCILE_WORKFLOW, UNRESOLVED_ATTRIBUTE
 from .approvals._binding import PENDING_ATTRIBUTE, ApprovalRequest
 
 __all__ = [
@@ -246,10 +249,6 @@ def parked_details(intent: Intent, reason: str, since: datetime, cancelled: bool
 
 
 # -- saved views -----------------------------------------------------------------------------
-RECORD_TYPE = "exactcall.CallRecord"
-"""The call record's workflow type (``exactcall.workflows.RECORD_WORKFLOW``)."""
-RUN_CLAIM_TYPE = "exactcall.RunClaim"
-"""The workflow type of a workflow id's run claim (never registered: it runs no code)."""
 
 SAVED_VIEWS = {
     "Awaiting approval": f"{PENDING_ATTRIBUTE} = true AND ExecutionStatus = 'Running'",

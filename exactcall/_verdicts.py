@@ -8,12 +8,28 @@ answers ``landed`` (with a result), ``not_landed`` or ``abandon``.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
+from temporalio.common import WorkflowIDReusePolicy
+
+from exactcall._wire import JOINED_SIGNAL as JOINED_SIGNAL
+from exactcall._wire import RECONCILE_STATE_QUERY as STATE_QUERY
+from exactcall._wire import RECONCILE_WORKFLOW as RECONCILE_WORKFLOW
+from exactcall._wire import RESOLVE_SIGNAL as RESOLVE_SIGNAL
+from exactcall._wire import SETTLED_SIGNAL as SETTLED_SIGNAL
+from exactcall._wire import UNRESOLVED_ATTRIBUTE as UNRESOLVED_ATTRIBUTE
+from exactcall._wire import UNRESOLVED_MEMO as UNRESOLVED_MEMO
+from exactcall._wire import VERDICT_MEMO as VERDICT_MEMO
+from exactcall._wire import reconcile_id as reconcile_id
 
 from ._errors import ExactcallError, register_error
 from ._model import Intent
+from ._ui import call_summary, intent_details
+from ._wire import CANCELLED_MEMO
+
+if TYPE_CHECKING:
+    from ._tool import Tool
 
 __all__ = [
     "JOINED_SIGNAL",
@@ -39,23 +55,8 @@ __all__ = [
     "to_verdict",
 ]
 
-RECONCILE_WORKFLOW = "exactcall.Reconcile"
-RESOLVE_SIGNAL = "exactcall.resolve"
-SETTLED_SIGNAL = "exactcall.settled"
-"""To the call's workflow, from a reconciliation that is not its child: the verdict."""
-JOINED_SIGNAL = "exactcall.joined"
-"""To a reconciliation, from the call's workflow joining it: accepted only while it runs."""
-STATE_QUERY = "exactcall.reconcile_state"
-UNRESOLVED_MEMO = "exactcall.unresolved"
-VERDICT_MEMO = "exactcall.verdict"
-UNRESOLVED_ATTRIBUTE = "ExactcallUnresolved"
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
-
-
-def reconcile_id(key: str) -> str:
-    """Workflow id of the reconciliation of ``key``."""
-    return f"exactcall-reconcile-{key}"
 
 
 @register_error
@@ -203,3 +204,49 @@ class ReconcileState(BaseModel):
     history: list[str]
     resolutions: list[tuple[Resolution, str]]
     settled: Settled | None = None
+
+
+# -- how a reconciliation is started (by the workflow of the call, or by its attempt) ------
+RECONCILE_TASK_TIMEOUT = timedelta(seconds=2)
+"""A reconciliation's workflow task held by a worker that died is retried after this, not
+after Temporal's 10 s default (as the call record's)."""
+
+
+def call_spec(t: Tool) -> CallSpec:
+    """How ``t``'s activity is scheduled (what a reconciliation carries in its input)."""
+    opts = t.options
+    p = opts.retry_policy
+    return CallSpec(
+        task_queue=opts.task_queue,
+        start_to_close_timeout=opts.start_to_close_timeout,
+        heartbeat_timeout=opts.heartbeat_timeout,
+        backoff_coefficient=p.backoff_coefficient,
+        maximum_interval=p.maximum_interval,
+    )
+
+
+def reconcile_input(t: Tool, intent: Intent, reason: str, since: datetime) -> ReconcileInput:
+    """What the reconciliation of ``intent`` needs, all of it in its input."""
+    return ReconcileInput(
+        intent=intent,
+        reason=reason,
+        since=since,
+        has_probe=t.options.reconcile is not None,
+        probe_deadline=t.options.reconcile_deadline,
+        call=call_spec(t),
+    )
+
+
+def reconcile_start_options(inp: ReconcileInput, *, cancelled: bool) -> dict[str, Any]:
+    """Start options of a reconciliation, the same whether the workflow of the call starts it
+    (as a child) or the attempt that found the outcome unknown does (from its client)."""
+    intent = inp.intent
+    return {
+        "id": reconcile_id(intent.key),
+        "task_queue": intent.record_task_queue,
+        "id_reuse_policy": WorkflowIDReusePolicy.REJECT_DUPLICATE,
+        "task_timeout": RECONCILE_TASK_TIMEOUT,
+        "static_summary": call_summary(intent, "reconcile "),
+        "static_details": intent_details(intent, "Reconciliation", [f"- **why** {inp.reason}"]),
+        "memo": {CANCELLED_MEMO: True} if cancelled else None,
+    }

@@ -38,6 +38,9 @@ import pydantic
 from pydantic_core import to_jsonable_python
 from temporalio import workflow
 
+from exactcall._wire import LANGGRAPH_APPROVAL_INTERRUPT as APPROVAL_INTERRUPT
+from exactcall._wire import LANGGRAPH_CALL_ID_FIELD as _CALL_ID_FIELD
+
 try:
     from langchain_core.messages import AIMessage, AnyMessage, ToolMessage, convert_to_messages
     from langchain_core.runnables import RunnableConfig
@@ -68,8 +71,6 @@ __all__ = [
     "tools",
 ]
 
-APPROVAL_INTERRUPT = "exactcall.approval"
-"""The ``type`` of the interrupt value ``tool_node(..., interrupt_on=...)`` pauses with."""
 
 TOOL_ERRORS: tuple[type[ExactcallError], ...] = (
     ApprovalDenied,
@@ -84,7 +85,6 @@ TOOL_ERRORS: tuple[type[ExactcallError], ...] = (
 ``on_unknown="raise"``, an unrecordable result) fail the run: a model that retried them
 would start a new call."""
 
-_CALL_ID_FIELD = "exactcall_tool_call_id"
 _STEPS: weakref.WeakKeyDictionary[Any, dict[tuple[str, str], str]] = weakref.WeakKeyDictionary()
 _NO_DECISION = object()
 _DECISIONS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(

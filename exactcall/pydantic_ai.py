@@ -32,6 +32,8 @@ import typing
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
+from exactcall._wire import PYDANTIC_AI_ARGS_HASH as ARGS_HASH
+
 try:
     from pydantic_ai import DeferredToolRequests, DeferredToolResults, ToolApproved
     from pydantic_ai import Tool as PaiTool
@@ -54,9 +56,6 @@ from .workflows._call import call_with
 
 __all__ = ["ARGS_HASH", "ExactcallToolset", "approve", "toolset"]
 
-ARGS_HASH = "exactcall_args_hash"
-"""The key, in ``DeferredToolRequests.metadata[id]`` and ``DeferredToolResults.metadata[id]``,
-of the call's exactcall args hash."""
 
 _REFUSALS = (
     ApprovalDenied,

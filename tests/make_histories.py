@@ -23,13 +23,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from exactcall.activities import Record
 from temporalio.client import Client, WorkflowFailureError
 
 from exactcall import Intent, approvals
 from exactcall._server import DevServer
 from exactcall._verdicts import reconcile_id
 from exactcall._worker import Connection, connect
+from exactcall.activities import Record
 from exactcall.demo.bank import Bank
 from tests.cancel_app import HoldsTheJoin  # and its tools
 from tests.conftest import plan, running_worker, step

@@ -6,7 +6,6 @@ import uuid
 from typing import Any
 
 import pytest
-from exactcall.activities import Record
 from temporalio import workflow
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
@@ -15,6 +14,7 @@ from temporalio.worker import Worker
 import exactcall
 from exactcall import Intent
 from exactcall._worker import build_worker
+from exactcall.activities import Record
 from exactcall.demo.bank import Bank
 from tests import tools
 from tests.conftest import plan, start_agent, step

@@ -15,9 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from exactcall.activities import Record
-from exactcall.workflows import MARK_SIGNAL, record_id
-from exactcall.workflows._unknown import CANCELLED_SIGNAL
 from temporalio.api.enums.v1 import EventType, PendingActivityState
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import CancelledError
@@ -30,8 +27,11 @@ from exactcall._model import RecordEvent, RecordInit
 from exactcall._server import DevServer
 from exactcall._verdicts import Settled
 from exactcall._worker import build_worker
+from exactcall.activities import Record
 from exactcall.demo.bank import Bank
 from exactcall.testing import WorkerProcess, assert_replays
+from exactcall.workflows import MARK_SIGNAL, record_id
+from exactcall.workflows._unknown import CANCELLED_SIGNAL
 from tests.cancel_app import HELD, SAW_CANCEL, AbandonsApproval, HoldsTheJoin, SharedKey
 from tests.conftest import ROOT, WORKFLOWS, plan, start_agent, step
 

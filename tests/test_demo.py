@@ -8,11 +8,11 @@ import re
 import sys
 
 import pytest
-from exactcall.workflows import record_id
 
 from exactcall import reconciliation
 from exactcall._server import DevServer
 from exactcall._worker import Connection, connect
+from exactcall.workflows import record_id
 
 pytestmark = pytest.mark.crash
 

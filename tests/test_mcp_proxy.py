@@ -15,7 +15,6 @@ import threading
 from pathlib import Path
 
 import pytest
-from exactcall.approvals import approve, list_pending
 from temporalio.client import Client as TemporalClient
 
 import exactcall
@@ -23,6 +22,7 @@ from exactcall._canonical import derive_key
 from exactcall._cli import main as cli_main
 from exactcall._server import DevServer
 from exactcall._worker import Connection
+from exactcall.approvals import approve, list_pending
 from exactcall.mcp._proxy_policy import first_word
 from exactcall.mcp._proxy_temporal import is_configured
 from exactcall.mcp._proxy_workflow import PROXY_TOOL, proxy_tool

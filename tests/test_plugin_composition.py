@@ -12,7 +12,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from exactcall.approvals import Decision
 from pydantic_ai.durable_exec.temporal import PydanticAIPlugin
 from pydantic_ai.durable_exec.temporal._payload_converter import PydanticAIPayloadConverter
 from temporalio.api.common.v1 import Payload
@@ -32,6 +31,7 @@ import exactcall
 from exactcall._converter import ModelsAsPydantic
 from exactcall._plugin import carries_pydantic, choose_data_converter
 from exactcall._server import DevServer
+from exactcall.approvals import Decision
 from tests.conftest import plan, running_worker, start_agent, step
 
 

@@ -6,7 +6,6 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from exactcall.activities._records import Record
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
@@ -25,6 +24,7 @@ from exactcall._verdicts import (
     Settled,
     reconcile_id,
 )
+from exactcall.activities._records import Record
 from exactcall.demo.bank import Bank
 from tests.conftest import plan, start_agent, step
 from tests.test_approvals import eventually

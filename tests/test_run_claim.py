@@ -11,8 +11,6 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from exactcall.activities import Record, _runs
-from exactcall.workflows import record_id
 from temporalio.client import Client
 from temporalio.common import RetryPolicy
 from temporalio.service import RPCError, RPCStatusCode
@@ -21,7 +19,9 @@ from temporalio.worker import Worker
 import exactcall
 from exactcall._server import DevServer
 from exactcall._worker import Connection, connect
+from exactcall.activities import Record, _runs
 from exactcall.demo.bank import Bank
+from exactcall.workflows import record_id
 from tests.cancel_app import HELD
 from tests.conftest import plan, running_worker, start_agent, step
 from tests.test_calls import scheduled_intents

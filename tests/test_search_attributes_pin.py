@@ -14,8 +14,6 @@ import json
 from typing import Any
 
 import pytest
-from exactcall.approvals._binding import PENDING_ATTRIBUTE
-from exactcall.workflows._state import SEARCH_ATTRIBUTES_OFF_PATCH, SEARCH_ATTRIBUTES_ON_PATCH
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHistory
 from temporalio.worker import Replayer
@@ -24,7 +22,9 @@ import exactcall
 from exactcall import approvals
 from exactcall._server import DevServer
 from exactcall._worker import Connection, connect
+from exactcall.approvals._binding import PENDING_ATTRIBUTE
 from exactcall.demo.bank import Bank
+from exactcall.workflows._state import SEARCH_ATTRIBUTES_OFF_PATCH, SEARCH_ATTRIBUTES_ON_PATCH
 from tests.conftest import plan, running_worker, start_agent, step
 from tests.test_approvals import pending_of
 from tests.test_replay import HISTORIES

@@ -22,13 +22,14 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from exactcall.activities._records import NEVER_STARTS, record_timing
-from exactcall.workflows import MARK_SIGNAL
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
+
+from exactcall.activities._records import NEVER_STARTS, record_timing
+from exactcall.workflows import MARK_SIGNAL
 
 RELIES = (
     "exactcall relies on this (activities/_records.py Record.claim() starts the call record "

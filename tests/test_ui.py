@@ -15,8 +15,6 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from exactcall.activities import _runs
-from exactcall.workflows import RECORD_WORKFLOW, record_id
 from temporalio import workflow
 from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client, WorkflowHandle
@@ -29,7 +27,9 @@ from exactcall._model import RecordInit
 from exactcall._server import DevServer
 from exactcall._ui import RECORD_TYPE, RUN_CLAIM_TYPE, SAVED_VIEWS
 from exactcall._worker import build_worker
+from exactcall.activities import _runs
 from exactcall.demo.bank import Bank
+from exactcall.workflows import RECORD_WORKFLOW, record_id
 from tests.conftest import WORKFLOWS, plan, start_agent, step
 from tests.test_approvals import eventually
 from tests.test_approvals_cli import cli

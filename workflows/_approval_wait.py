@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+from temporalio import workflow
+
+from exactcall._model import Intent
+from exactcall._tool import Tool
+from exactcall._ui import PENDING_MARK, pending_details, with_pending
 from exactcall.approvals._binding import (
     REQUESTED_BY_MEMO,
     ApprovalDenied,
@@ -11,12 +16,6 @@ from exactcall.approvals._binding import (
     ApprovalGrant,
     ApprovalRequest,
 )
-from temporalio import workflow
-
-from exactcall._errors import ExactcallError
-from exactcall._model import Intent
-from exactcall._tool import Tool
-from exactcall._ui import PENDING_MARK, pending_details, with_pending
 
 from ._state import WorkflowState, state
 
@@ -24,18 +23,8 @@ __all__ = ["needs_approval", "show_pending", "wait_for_approval"]
 
 
 def needs_approval(t: Tool, intent: Intent) -> bool:
-    """Whether this call waits for a person: ``approval=True``, or the tool's policy says so."""
-    rule = t.options.approval
-    if rule is True or not rule:
-        return bool(rule)
-    try:
-        return bool(rule(intent))
-    except Exception as exc:
-        raise ExactcallError(
-            f"the approval policy of {t.name} raised {type(exc).__name__}: {exc}",
-            tool=t.name,
-            step=intent.step,
-        ) from exc
+    """Whether this call waits for a person (see ``Tool.needs_approval``)."""
+    return t.needs_approval(intent)
 
 
 async def wait_for_approval(t: Tool, intent: Intent) -> ApprovalGrant:

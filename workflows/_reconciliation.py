@@ -40,6 +40,10 @@ from exactcall._verdicts import (
     UnresolvedCall,
     Verdict,
 )
+from exactcall._wire import MARKS_BY_ACTIVITY as MARKS_BY_ACTIVITY
+from exactcall._wire import PROBE_PREFIX as PROBE_PREFIX
+from exactcall._wire import TELLS_THE_CALL as TELLS_THE_CALL
+from exactcall._wire import probe_activity_name as probe_activity_name
 
 from ._call import execute_call_activity
 from ._record import MARK_RECORD, mark_from_workflow
@@ -48,18 +52,8 @@ from ._unknown import CANCELLED_ERROR, CANCELLED_MEMO, CANCELLED_SIGNAL, call_sp
 
 __all__ = ["PROBE_PREFIX", "Reconcile", "probe_activity_name"]
 
-PROBE_PREFIX = "exactcall.probe."
 UNRESOLVED_KEY = SearchAttributeKey.for_bool(UNRESOLVED_ATTRIBUTE)
 MAX_PROBE_RERUNS = 1
-TELLS_THE_CALL = "exactcall.reconcile-tells-the-call"
-"""Patch: a reconciliation that is not a child signals its verdict to the call's workflow."""
-MARKS_BY_ACTIVITY = "exactcall.marks-by-activity"
-"""Patch: verdicts are written to the record by a local activity, which opens a record that
-has closed (records close by themselves); before, by an external signal."""
-
-
-def probe_activity_name(tool: str) -> str:
-    return PROBE_PREFIX + tool
 
 
 @workflow.defn(name=RECONCILE_WORKFLOW)

@@ -18,6 +18,11 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 from exactcall._model import RecordEvent, RecordInit, RecordState
+from exactcall._wire import MARK_RECORD as MARK_RECORD
+from exactcall._wire import MARK_SIGNAL as MARK_SIGNAL
+from exactcall._wire import RECORD_STATE_QUERY as STATE_QUERY
+from exactcall._wire import RECORD_WORKFLOW as RECORD_WORKFLOW
+from exactcall._wire import record_id as record_id
 
 __all__ = [
     "MARK_RECORD",
@@ -28,17 +33,6 @@ __all__ = [
     "mark_from_workflow",
     "record_id",
 ]
-
-RECORD_WORKFLOW = "exactcall.CallRecord"
-MARK_SIGNAL = "exactcall.mark"
-MARK_RECORD = "exactcall.mark_record"
-"""The activity that writes a marker from workflow code (it opens a closed record again)."""
-STATE_QUERY = "exactcall.state"
-
-
-def record_id(key: str) -> str:
-    """Workflow id of the record of ``key``."""
-    return f"exactcall-call-{key}"
 
 
 async def mark_from_workflow(key: str, event: RecordEvent) -> None:

@@ -14,16 +14,6 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from exactcall.approvals._binding import (
-    DECIDE_SIGNAL,
-    PENDING_ATTRIBUTE,
-    PENDING_MEMO,
-    QUERY,
-    ApprovalBook,
-    ApprovalsView,
-    Decision,
-    Verifier,
-)
 from temporalio import workflow
 from temporalio.api.common.v1 import Payload
 from temporalio.common import SearchAttributeKey
@@ -39,6 +29,20 @@ from temporalio.worker import (
 
 from exactcall._errors import PluginNotInstalled
 from exactcall._model import Intent
+from exactcall._wire import CANCEL_PATCH as CANCEL_PATCH
+from exactcall._wire import CARRY_HEADER as CARRY_HEADER
+from exactcall._wire import SEARCH_ATTRIBUTES_OFF_PATCH as SEARCH_ATTRIBUTES_OFF_PATCH
+from exactcall._wire import SEARCH_ATTRIBUTES_ON_PATCH as SEARCH_ATTRIBUTES_ON_PATCH
+from exactcall.approvals._binding import (
+    DECIDE_SIGNAL,
+    PENDING_ATTRIBUTE,
+    PENDING_MEMO,
+    QUERY,
+    ApprovalBook,
+    ApprovalsView,
+    Decision,
+    Verifier,
+)
 
 __all__ = [
     "CANCEL_PATCH",
@@ -54,22 +58,6 @@ __all__ = [
     "state",
 ]
 
-CARRY_HEADER = "exactcall-ordinals"
-CANCEL_PATCH = "exactcall.cancellation-reaches-calls"
-"""Histories recorded before cancellation reached calls replay as they ran: a cancelled
-caller did not cancel its call then."""
-SEARCH_ATTRIBUTES_ON_PATCH = "exactcall.search-attributes.on"
-SEARCH_ATTRIBUTES_OFF_PATCH = "exactcall.search-attributes.off"
-"""Patch markers that pin, in a workflow run's own history, whether it upserts exactcall's
-search attributes: the choice is made once per run, at its first upsert, from the worker's
-``Plugin(search_attributes=...)``; replays and later tasks follow the history, whatever the
-flag of the worker that runs them (an upsert command present or absent would otherwise fail
-replay with a nondeterminism error after a rolling change of the flag).
-
-Only the choice "off" is recorded (SEARCH_ATTRIBUTES_OFF_PATCH): a run with no marker upserts
-them. A patch marker costs two history events and a visibility write (Temporal also upserts
-``TemporalChangeVersion`` with it), so the default pays nothing. Histories recorded while
-"on" was recorded too (SEARCH_ATTRIBUTES_ON_PATCH) still replay: their marker is consumed."""
 PENDING_KEY = SearchAttributeKey.for_bool(PENDING_ATTRIBUTE)
 
 

@@ -4,29 +4,37 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, Literal
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, WorkflowIDReusePolicy
+from temporalio.common import RetryPolicy
 from temporalio.exceptions import FailureError, WorkflowAlreadyStartedError
 from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
 
 from exactcall._errors import AmbiguousOutcome, ToolFailed
 from exactcall._model import Intent
 from exactcall._tool import Tool
-from exactcall._ui import call_summary, intent_details
 from exactcall._verdicts import (
     JOINED_SIGNAL,
     RECONCILE_WORKFLOW,
     SETTLED_SIGNAL,
     CallAbandoned,
-    CallSpec,
-    ReconcileInput,
     Settled,
     SettledNote,
+    call_spec,
     reconcile_id,
+    reconcile_input,
+    reconcile_start_options,
 )
+from exactcall._wire import AWAIT_SETTLED as AWAIT_SETTLED
+from exactcall._wire import CANCELLED_MEMO as CANCELLED_MEMO
+from exactcall._wire import CANCELLED_SIGNAL as CANCELLED_SIGNAL
+from exactcall._wire import CANCELLED_WHILE_JOINING as CANCELLED_WHILE_JOINING
+from exactcall._wire import JOINS_STARTED_RECONCILIATION as JOINS_STARTED_RECONCILIATION
+from exactcall._wire import SETTLE_PREFIX as SETTLE_PREFIX
+from exactcall._wire import SETTLED_BY_SIGNAL as SETTLED_BY_SIGNAL
+from exactcall._wire import settle_activity_id as settle_activity_id
 
 from ._state import state
 
@@ -49,64 +57,8 @@ __all__ = [
 ]
 
 OnUnknown = Literal["wait", "raise"]
-AWAIT_SETTLED = "exactcall.await_settled"
-CANCELLED_MEMO = "exactcall.call_cancelled"
-CANCELLED_SIGNAL = "exactcall.call_cancelled"
 CANCELLED_ERROR = "Cancelled"
 """``Settled.error_type`` of a cancelled call that did not land (its key is released)."""
-SETTLE_PREFIX = "exactcall.settle:"
-JOINS_STARTED_RECONCILIATION = "exactcall.joins-started-reconciliation"
-"""Patch: a cancelled call whose reconciliation was already running (started by the attempt
-that found the outcome unknown) tells it so; histories from before it never signalled."""
-CANCELLED_WHILE_JOINING = "exactcall.cancelled-while-joining"
-"""Patch: a call cancelled while its join signal was in flight ends cancelled (the SDK lets a
-sent signal finish and drops the cancellation); histories from before it waited on."""
-SETTLED_BY_SIGNAL = "exactcall.settled-by-signal"
-"""Patch: a joined reconciliation's verdict comes by signal (``_joined``); histories from
-before it waited in an activity."""
-RECONCILE_TASK_TIMEOUT = timedelta(seconds=2)
-"""A reconciliation's workflow task held by a worker that died is retried after this, not
-after Temporal's 10 s default (as the call record's)."""
-
-
-def call_spec(t: Tool) -> CallSpec:
-    """How ``t``'s activity is scheduled (what a reconciliation carries in its input)."""
-    opts = t.options
-    p = opts.retry_policy
-    return CallSpec(
-        task_queue=opts.task_queue,
-        start_to_close_timeout=opts.start_to_close_timeout,
-        heartbeat_timeout=opts.heartbeat_timeout,
-        backoff_coefficient=p.backoff_coefficient,
-        maximum_interval=p.maximum_interval,
-    )
-
-
-def reconcile_input(t: Tool, intent: Intent, reason: str, since: datetime) -> ReconcileInput:
-    """What the reconciliation of ``intent`` needs, all of it in its input."""
-    return ReconcileInput(
-        intent=intent,
-        reason=reason,
-        since=since,
-        has_probe=t.options.reconcile is not None,
-        probe_deadline=t.options.reconcile_deadline,
-        call=call_spec(t),
-    )
-
-
-def reconcile_start_options(inp: ReconcileInput, *, cancelled: bool) -> dict[str, Any]:
-    """Start options of a reconciliation, the same whether the workflow of the call starts it
-    (as a child) or the attempt that found the outcome unknown does (from its client)."""
-    intent = inp.intent
-    return {
-        "id": reconcile_id(intent.key),
-        "task_queue": intent.record_task_queue,
-        "id_reuse_policy": WorkflowIDReusePolicy.REJECT_DUPLICATE,
-        "task_timeout": RECONCILE_TASK_TIMEOUT,
-        "static_summary": call_summary(intent, "reconcile "),
-        "static_details": intent_details(intent, "Reconciliation", [f"- **why** {inp.reason}"]),
-        "memo": {CANCELLED_MEMO: True} if cancelled else None,
-    }
 
 
 async def start_reconciliation(
@@ -213,11 +165,6 @@ async def tell_cancelled(intent: Intent) -> None:
         await handle.signal(CANCELLED_SIGNAL)
     except FailureError:  # it has settled already
         workflow.logger.info("exactcall: reconciliation of %s already settled", intent.step)
-
-
-def settle_activity_id(activity_id: str) -> str:
-    """Activity id of the attempt that settles a cancelled call from its markers."""
-    return SETTLE_PREFIX + activity_id
 
 
 def settled_result(t: Tool, intent: Intent, settled: Settled) -> Any:

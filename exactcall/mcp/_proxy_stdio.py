@@ -25,6 +25,8 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
+from exactcall._wire import MCP_PROXY_ID_PREFIX as ID_PREFIX
+
 __all__ = [
     "ID_PREFIX",
     "ClientStdio",
@@ -35,7 +37,6 @@ __all__ = [
     "parse",
 ]
 
-ID_PREFIX = "exactcall-proxy-"
 ENVELOPE_PREFIX = "io.modelcontextprotocol/"
 LINE_LIMIT = 64 * 1024 * 1024  # one JSON-RPC message per line; results can be large
 

@@ -41,6 +41,11 @@ from exactcall._errors import (
     ToolFailed,
 )
 from exactcall._verdicts import CallAbandoned, Settled
+from exactcall._wire import MCP_PROXY_APPROVED_WORKFLOW as APPROVED_WORKFLOW
+from exactcall._wire import MCP_PROXY_AWAIT_SETTLED as AWAIT_SETTLED
+from exactcall._wire import MCP_PROXY_TOOL as PROXY_TOOL
+from exactcall._wire import MCP_PROXY_WAIT_UPDATE as WAIT_UPDATE
+from exactcall._wire import MCP_PROXY_WORKFLOW as WORKFLOW
 from exactcall.workflows._state import state
 
 __all__ = [
@@ -58,11 +63,6 @@ __all__ = [
     "proxy_tool",
 ]
 
-PROXY_TOOL = "exactcall.mcp_proxy"
-WORKFLOW = "exactcall.mcp.ProxyCall"
-APPROVED_WORKFLOW = "exactcall.mcp.ProxyCallApproved"
-WAIT_UPDATE = "exactcall.mcp.wait"
-AWAIT_SETTLED = "exactcall.mcp.await_settled"
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 Kind = Literal["done", "failed", "unknown", "denied", "abandoned", "pending"]

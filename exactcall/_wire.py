@@ -1,0 +1,185 @@
+"""exactcall's wire contract: every name a running workflow, a stored history or a deployed
+worker depends on. Changing one breaks workflows in flight; adding one is safe.
+
+Workflow types, signals, queries, updates, memo keys, search attributes, activity names, id
+formats, headers and patch ids live here and nowhere else; this module imports nothing of
+exactcall's, so every layer (``activities/``, ``workflows/``, ``approvals/``, the client API,
+the CLI) reads the same names without importing each other.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "APPROVALS_QUERY",
+    "AWAIT_SETTLED",
+    "CANCELLED_MEMO",
+    "CANCELLED_SIGNAL",
+    "CANCELLED_WHILE_JOINING",
+    "CANCEL_PATCH",
+    "CARRY_HEADER",
+    "DECIDE_SIGNAL",
+    "JOINED_SIGNAL",
+    "JOINS_STARTED_RECONCILIATION",
+    "KEY_SCHEME",
+    "LANGGRAPH_APPROVAL_INTERRUPT",
+    "LANGGRAPH_CALL_ID_FIELD",
+    "MARKS_BY_ACTIVITY",
+    "MARK_RECORD",
+    "MARK_SIGNAL",
+    "MCP_PROXY_APPROVED_WORKFLOW",
+    "MCP_PROXY_AWAIT_SETTLED",
+    "MCP_PROXY_ID_PREFIX",
+    "MCP_PROXY_TOOL",
+    "MCP_PROXY_WAIT_UPDATE",
+    "MCP_PROXY_WORKFLOW",
+    "PENDING_ATTRIBUTE",
+    "PENDING_MEMO",
+    "PROBE_PREFIX",
+    "PYDANTIC_AI_ARGS_HASH",
+    "RECONCILE_STATE_QUERY",
+    "RECONCILE_WORKFLOW",
+    "RECORD_STATE_QUERY",
+    "RECORD_WORKFLOW",
+    "REQUESTED_BY_MEMO",
+    "RESOLVE_SIGNAL",
+    "RUN_CLAIM_WORKFLOW",
+    "SEARCH_ATTRIBUTES_OFF_PATCH",
+    "SEARCH_ATTRIBUTES_ON_PATCH",
+    "SETTLED_BY_SIGNAL",
+    "SETTLED_SIGNAL",
+    "SETTLE_PREFIX",
+    "TELLS_THE_CALL",
+    "UNRESOLVED_ATTRIBUTE",
+    "UNRESOLVED_MEMO",
+    "VERDICT_MEMO",
+    "probe_activity_name",
+    "reconcile_id",
+    "record_id",
+    "run_claim_id",
+    "settle_activity_id",
+]
+
+# -- the key ---------------------------------------------------------------------------------
+KEY_SCHEME = "exactcall.key/v1"
+"""First element of the key's preimage (``exactcall._canonical.derive_key``)."""
+
+# -- workflow types, and the ids of their runs -----------------------------------------------
+RECORD_WORKFLOW = "exactcall.CallRecord"
+"""A call's per-key record (runs with per-call claims, and off a run's happy path)."""
+RECONCILE_WORKFLOW = "exactcall.Reconcile"
+"""The reconciliation of a call whose outcome is unknown."""
+RUN_CLAIM_WORKFLOW = "exactcall.RunClaim"
+"""A workflow id's run claim (never registered: it runs no code)."""
+MCP_PROXY_WORKFLOW = "exactcall.mcp.ProxyCall"
+MCP_PROXY_APPROVED_WORKFLOW = "exactcall.mcp.ProxyCallApproved"
+MCP_PROXY_ID_PREFIX = "exactcall-proxy-"
+"""Workflow ids of the MCP proxy's calls start with it."""
+
+
+def record_id(key: str) -> str:
+    """Workflow id of the record of ``key``."""
+    return f"exactcall-call-{key}"
+
+
+def reconcile_id(key: str) -> str:
+    """Workflow id of the reconciliation of ``key``."""
+    return f"exactcall-reconcile-{key}"
+
+
+def run_claim_id(workflow_id: str) -> str:
+    """Workflow id of the run claim of ``workflow_id``."""
+    return f"exactcall-run-{workflow_id}"
+
+
+# -- activities --------------------------------------------------------------------------------
+# a tool's activity is named by the tool (``@exactcall.tool(name=...)``)
+MARK_RECORD = "exactcall.mark_record"
+"""The local activity that writes a marker from workflow code."""
+AWAIT_SETTLED = "exactcall.await_settled"
+"""Waits for a reconciliation's verdict (histories from before SETTLED_BY_SIGNAL)."""
+MCP_PROXY_TOOL = "exactcall.mcp_proxy"
+MCP_PROXY_AWAIT_SETTLED = "exactcall.mcp.await_settled"
+PROBE_PREFIX = "exactcall.probe."
+SETTLE_PREFIX = "exactcall.settle:"
+
+
+def probe_activity_name(tool: str) -> str:
+    """Activity name of ``tool``'s reconciliation probe."""
+    return PROBE_PREFIX + tool
+
+
+def settle_activity_id(activity_id: str) -> str:
+    """Activity id of the attempt that settles a cancelled call from its markers."""
+    return SETTLE_PREFIX + activity_id
+
+
+# -- signals, queries, updates -----------------------------------------------------------------
+DECIDE_SIGNAL = "exactcall.decide"
+"""An approval decision, to the workflow of the call (added at its first exactcall call)."""
+APPROVALS_QUERY = "exactcall.approvals"
+"""The workflow's approvals: pending, decided, pre-approved."""
+MARK_SIGNAL = "exactcall.mark"
+"""A marker, to a call record."""
+RECORD_STATE_QUERY = "exactcall.state"
+"""A call record's state."""
+RESOLVE_SIGNAL = "exactcall.resolve"
+"""A person's verdict, to a reconciliation."""
+RECONCILE_STATE_QUERY = "exactcall.reconcile_state"
+"""A reconciliation's state."""
+SETTLED_SIGNAL = "exactcall.settled"
+"""A reconciliation's verdict, to the workflow of the call."""
+JOINED_SIGNAL = "exactcall.joined"
+"""The workflow of the call joins a reconciliation it did not start."""
+CANCELLED_SIGNAL = "exactcall.call_cancelled"
+"""The workflow of the call cancelled it, to its reconciliation."""
+MCP_PROXY_WAIT_UPDATE = "exactcall.mcp.wait"
+
+# -- the adapters' names in the frameworks' own state --------------------------------------------
+LANGGRAPH_APPROVAL_INTERRUPT = "exactcall.approval"
+"""The ``type`` of the interrupt value ``tool_node(..., interrupt_on=...)`` pauses with."""
+LANGGRAPH_CALL_ID_FIELD = "exactcall_tool_call_id"
+PYDANTIC_AI_ARGS_HASH = "exactcall_args_hash"
+"""The key, in ``DeferredToolRequests.metadata[id]`` and ``DeferredToolResults.metadata[id]``,
+of the call's exactcall args hash."""
+
+# -- memo keys, search attributes, headers -----------------------------------------------------
+PENDING_MEMO = "exactcall.pending"
+REQUESTED_BY_MEMO = "exactcall.requested_by"
+UNRESOLVED_MEMO = "exactcall.unresolved"
+VERDICT_MEMO = "exactcall.verdict"
+CANCELLED_MEMO = "exactcall.call_cancelled"
+PENDING_ATTRIBUTE = "ExactcallPending"
+UNRESOLVED_ATTRIBUTE = "ExactcallUnresolved"
+CARRY_HEADER = "exactcall-ordinals"
+"""Tool ordinals carried over continue-as-new."""
+
+# -- patch ids (workflow.patched): each one guards a change to what workflows do ----------------
+CANCEL_PATCH = "exactcall.cancellation-reaches-calls"
+"""Histories recorded before cancellation reached calls replay as they ran: a cancelled
+caller did not cancel its call then."""
+SEARCH_ATTRIBUTES_ON_PATCH = "exactcall.search-attributes.on"
+SEARCH_ATTRIBUTES_OFF_PATCH = "exactcall.search-attributes.off"
+"""Patch markers that pin, in a workflow run's own history, whether it upserts exactcall's
+search attributes: the choice is made once per run, at its first upsert, from the worker's
+``Plugin(search_attributes=...)``; replays and later tasks follow the history, whatever the
+flag of the worker that runs them (an upsert command present or absent would otherwise fail
+replay with a nondeterminism error after a rolling change of the flag).
+
+Only the choice "off" is recorded (SEARCH_ATTRIBUTES_OFF_PATCH): a run with no marker upserts
+them. A patch marker costs two history events and a visibility write (Temporal also upserts
+``TemporalChangeVersion`` with it), so the default pays nothing. Histories recorded while
+"on" was recorded too (SEARCH_ATTRIBUTES_ON_PATCH) still replay: their marker is consumed."""
+JOINS_STARTED_RECONCILIATION = "exactcall.joins-started-reconciliation"
+"""Patch: a cancelled call whose reconciliation was already running (started by the attempt
+that found the outcome unknown) tells it so; histories from before it never signalled."""
+SETTLED_BY_SIGNAL = "exactcall.settled-by-signal"
+"""Patch: a joined reconciliation's verdict comes by signal (``_joined``); histories from
+before it waited in an activity."""
+CANCELLED_WHILE_JOINING = "exactcall.cancelled-while-joining"
+"""Patch: a call cancelled while its join signal was in flight ends cancelled (the SDK lets a
+sent signal finish and drops the cancellation); histories from before it waited on."""
+TELLS_THE_CALL = "exactcall.reconcile-tells-the-call"
+"""Patch: a reconciliation that is not a child signals its verdict to the call's workflow."""
+MARKS_BY_ACTIVITY = "exactcall.marks-by-activity"
+"""Patch: verdicts are written to the record by a local activity, which opens a record that
+has closed (records close by themselves); before, by an external signal."""

@@ -219,6 +219,20 @@ def _parser() -> argparse.ArgumentParser:
         help="other workflow modules the worker must serve",
     )
     ct.add_argument("--input", help="the workflow's argument (JSON; a list for several)")
+    ct.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE:NAME",
+        help="a Temporal plugin for the client and every worker (an agent framework's)",
+    )
+    ct.add_argument(
+        "--timeout",
+        type=float,
+        default=240.0,
+        metavar="SECONDS",
+        help="how long one run may take before it counts as not finished (default 240)",
+    )
     ct.add_argument("--concurrency", type=int, default=3)
     ct.add_argument("--json", action="store_true")
     ct.add_argument("--address", help="use this Temporal server instead of the embedded one")

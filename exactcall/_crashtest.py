@@ -67,6 +67,9 @@ class Target:
     tools: Sequence[str]
     workflows: Sequence[str]
     tool_defs: dict[str, Tool]
+    plugins: Sequence[str] = ()
+    """``MODULE:NAME`` Temporal plugins, for every worker (an agent framework's)."""
+    timeout: float = 240.0
 
 
 def boundaries_for(calls: list[tuple[str, str]], tools: dict[str, Tool]) -> list[Boundary]:
@@ -115,11 +118,13 @@ class _Run:
             workflows=self.target.workflows,
             crash_at=spec,
             env={EXECUTIONS_ENV: str(self.executions)},
+            args=[a for p in self.target.plugins for a in ("--plugin", p)],
         )
         self.workers.append(wp)
         return await wp.started()
 
-    async def run(self, timeout: float = 240) -> Outcome:
+    async def run(self) -> Outcome:
+        timeout = self.target.timeout
         began = time.monotonic()
         out = Outcome(self.b.name)
         try:
@@ -235,10 +240,13 @@ async def run_crashtest(
     concurrency: int = 3,
     progress: Any = print,
 ) -> tuple[list[Outcome], list[tuple[str, str]]]:
-    """The clean run first (to find the calls), then every boundary."""
+    """The clean run first (to find the calls), then every boundary. A clean run that did not
+    finish, or made no exactcall call, proves nothing: no boundary is run (see not_proven)."""
     clean = await _Run(client, address, target, Boundary("no crash", None, (None,))).run()
     calls = clean.calls
     progress(f"found {len(calls)} calls: {', '.join(s for _, s in calls)}")
+    if not_proven(clean):
+        return [clean], calls
     bounds = boundaries_for(calls, target.tool_defs)[1:]
     sem = asyncio.Semaphore(concurrency)
     results: list[Outcome] = [clean]
@@ -255,6 +263,24 @@ async def run_crashtest(
     return [clean, *ordered], calls
 
 
+def not_proven(clean: Outcome) -> str | None:
+    """Why the clean run proves nothing (None: it does)."""
+    if clean.final == "did not finish":
+        return (
+            f"the run without a crash did not finish within {clean.seconds:g} s, so no "
+            "boundary was tried. Does the workflow need input (--input), a plugin (--plugin, "
+            "for an agent framework's workflow), a signal, or more time (--timeout)?"
+        )
+    if clean.final.startswith("failed"):
+        return f"the run without a crash {clean.final}, so no boundary was tried"
+    if not clean.calls:
+        return (
+            "the run without a crash made no exactcall call, so there was nothing to crash. "
+            "Are its tools exactcall tools (--tools MODULE), and does its input make it call them?"
+        )
+    return None
+
+
 def report_table(outcomes: list[Outcome], steps: list[str]) -> str:
     head = f"{'BOUNDARY':<38} {'EXECUTIONS ' + ' '.join(steps):<44} {'UNKNOWN':<16} VERDICT"
     rows = [head]
@@ -269,9 +295,16 @@ def report_table(outcomes: list[Outcome], steps: list[str]) -> str:
     return "\n".join(rows)
 
 
-def as_json(outcomes: list[Outcome], calls: list[tuple[str, str]], plain: dict[str, Any]) -> str:
+def as_json(
+    outcomes: list[Outcome],
+    calls: list[tuple[str, str]],
+    plain: dict[str, Any] | None,
+    why_not: str | None = None,
+) -> str:
     return json.dumps(
         {
+            "proven": why_not is None,
+            "not_proven": why_not,
             "calls": [{"tool": t, "step": s} for t, s in calls],
             "boundaries": [asdict(o) | {"bad": o.bad} for o in outcomes],
             "plain_temporal": plain,
@@ -329,7 +362,7 @@ def _bank_count(bank_url: str, who: str) -> int:
 async def main(ns: Any) -> int:
     """``exactcall crashtest`` (argparse namespace from the CLI)."""
     from ._server import DevServer
-    from ._worker import Connection, connect, load_tools
+    from ._worker import Connection, connect, load_plugins, load_tools
     from .demo.bank import Bank
 
     sys.path.insert(0, str(Path.cwd()))
@@ -345,13 +378,26 @@ async def main(ns: Any) -> int:
             address = stack.enter_context(DevServer(fast=True)).address
             say(f"embedded Temporal server on {address}")
         bank = stack.enter_context(Bank(tmp / "bank.db"))
-        client = await connect(Connection(address=address, namespace=ns.namespace))
+        others = load_plugins(ns.plugin)
+        client = await connect(Connection(address=address, namespace=ns.namespace), None, others)
         target = _target(ns, bank.url, load_tools)
         outcomes, calls = await run_crashtest(
             client, address, target, concurrency=ns.concurrency, progress=say
         )
-        say("plain Temporal activity for comparison ...")
-        plain = await plain_temporal(client, address, bank.url)
+        why_not = not_proven(outcomes[0])
+        plain = None
+        if why_not is None:
+            say("plain Temporal activity for comparison ...")
+            plain = await plain_temporal(client, address, bank.url)
+    if why_not is not None:
+        if ns.json:
+            print(as_json(outcomes, calls, plain, why_not))
+        else:
+            print()
+            print(report_table(outcomes, [s for _, s in calls]))
+        print(f"\nexactcall crashtest: NOT PROVEN: {why_not}", file=sys.stderr)
+        return 1
+    assert plain is not None
     bad = any(o.bad for o in outcomes)
     if ns.json:
         print(as_json(outcomes, calls, plain))
@@ -382,6 +428,8 @@ def _target(ns: Any, bank_url: str, load_tools: Any) -> Target:
             modules,
             ["exactcall.demo.agent", "exactcall.demo.workflows"],
             defs,
+            ns.plugin,
+            ns.timeout,
         )
     module, _, cls = ns.target.partition(":")
     tools = [t.strip() for item in ns.tools for t in item.split(",") if t.strip()]
@@ -390,4 +438,4 @@ def _target(ns: Any, bank_url: str, load_tools: Any) -> Target:
     if ns.input is not None:
         value = json.loads(ns.input)
         args = value if isinstance(value, list) else [value]
-    return Target(cls or module, args, tools, [module, *ns.workflows], defs)
+    return Target(cls or module, args, tools, [module, *ns.workflows], defs, ns.plugin, ns.timeout)

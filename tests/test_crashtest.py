@@ -70,3 +70,87 @@ async def test_a_duplicate_makes_it_exit_1(server: object, bank: Bank) -> None:
     )
     assert rc == 1, out + err[-2000:]
     assert "DUPLICATE: lying_pay#1 ran 2 times" in out
+
+
+async def test_a_run_that_made_no_call_proves_nothing_and_exits_1(server: object) -> None:
+    rc, out, err = await crashtest(
+        "tests.workflows:Agent",
+        "--tools",
+        "tests.tools",
+        "--input",
+        json.dumps({"steps": []}),
+        "--address",
+        server.address,  # type: ignore[attr-defined]
+    )
+    assert rc == 1, out + err[-2000:]
+    assert "found 0 calls" in out  # the progress (stdout without --json)
+    assert "NOT PROVEN: the run without a crash made no exactcall call" in err
+    assert "no call ran twice" not in out  # never the green line
+
+
+async def test_a_run_that_does_not_finish_proves_nothing_and_exits_1(server: object) -> None:
+    # it waits for a signal that never comes (an agent framework's workflow without its
+    # plugin never finished either): not proven, and no boundary is tried
+    rc, out, err = await crashtest(
+        "tests.workflows:Agent",
+        "--tools",
+        "tests.tools",
+        "--input",
+        json.dumps({"steps": [], "wait_first": True}),
+        "--timeout",
+        "3",
+        "--json",
+        "--address",
+        server.address,  # type: ignore[attr-defined]
+    )
+    assert rc == 1, out + err[-2000:]
+    report = json.loads(out)
+    assert report["proven"] is False and "did not finish within" in report["not_proven"]
+    assert [b["boundary"] for b in report["boundaries"]] == ["no crash"]
+    assert "--plugin" in err and "NOT PROVEN" in err
+
+
+def framework_input(framework: str, bank: str, who: str) -> tuple[str, str]:
+    """The crashtest target of each framework's test app, and its input (one payment)."""
+    if framework == "openai-agents":
+        plan = {"turns": [[{"tool": "oa_pay", "args": {"bank": bank, "amount": 5, "to": who}}]]}
+        return "oa_app:OaAgent", json.dumps({**plan, "final": "done"})
+    if framework == "pydantic-ai":
+        from tests.pai_app import prompt
+
+        return "pai_app:PaiAgent", json.dumps(prompt(bank, ("pai_pay", 5, who)))
+    from tests.lg_app import pay_call
+
+    return "lg_app:LgAgent", json.dumps({"script": [[pay_call("lg_pay", bank, 5, who)]]})
+
+
+@pytest.mark.parametrize("framework", ["openai-agents", "pydantic-ai", "langgraph"])
+async def test_a_framework_agent_is_crashtested_through_its_plugin(
+    server: object, bank: Bank, who: str, framework: str
+) -> None:
+    # the framework's workflow runs only with its plugin: --plugin gives it to the client and
+    # to every worker the crashtest starts (without it the run never finished: "not proven")
+    target, the_input = framework_input(framework, bank.url, who)
+    app = "tests." + target.partition(":")[0]
+    rc, out, err = await crashtest(
+        "tests." + target,
+        "--tools",
+        app,
+        "--plugin",
+        f"{app}:plugins",
+        "--input",
+        the_input,
+        "--json",
+        "--address",
+        server.address,  # type: ignore[attr-defined]
+    )
+    assert rc == 0, out[-2000:] + err[-3000:]
+    report = json.loads(out)
+    assert report["proven"] is True
+    [call] = report["calls"]
+    step = call["step"]
+    names = {b["boundary"] for b in report["boundaries"]}
+    assert {f"after the effect of {step}", f"during reconciliation of {step}"} <= names
+    assert report["duplicates"] == 0 and report["unapproved"] == 0
+    assert all(b["final"] != "did not finish" for b in report["boundaries"])
+    assert bank.count(to=who) == len(report["boundaries"])  # one payment per run, never two

@@ -151,6 +151,13 @@ def _report(res: DecisionResult) -> int:
     if res.queued:  # sent, not yet checked: neither accepted nor rejected
         print(f"{d.decision} by {d.by}: {res.outcome}")
         return EXIT_QUEUED
+    if res.record is None:  # sent; no worker answered the confirming query in time
+        print(
+            f"{d.decision} by {d.by}: sent; not confirmed yet: no worker answered. The decision "
+            "is in the workflow's history and is checked when a worker runs it (exit 3)",
+            file=sys.stderr,
+        )
+        return EXIT_QUEUED
     print(f"{d.decision} by {d.by}: REJECTED: {res.outcome}", file=sys.stderr)
     return EXIT_REFUSED
 
@@ -162,13 +169,26 @@ async def _decide(client: Client, ns: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
+    given = ns.args_hash
     try:
-        req = await pending(client, ns.workflow, ns.step)
+        req = await _the_request(client, ns.workflow, ns.step, given)
     except LookupError as exc:
         last = await _last_outcome(client, ns.workflow, ns.step)
         print(f"exactcall: {exc}{last}", file=sys.stderr)
         return EXIT_REFUSED
     print(_describe(req))
+    if len(given) < HASH_LENGTH:  # a prefix, as `approvals list` prints: whose is it?
+        if len(given) < MIN_PREFIX or not req.args_hash.startswith(given):
+            print(
+                f"\nexactcall {ns.command}: --hash {given} is not a full args hash and is not "
+                f"the start of this call's ({req.args_hash}); nothing sent. Pass the full hash "
+                f"(or at least {MIN_PREFIX} of its first characters): exactcall approvals show "
+                f"{ns.workflow}",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        print(f"\n--hash {given} is the start of this call's hash: {req.args_hash}")
+        ns.args_hash = req.args_hash
     if ns.args_hash != req.args_hash:
         print(
             f"\nWARNING: --hash {ns.args_hash} is not the hash of these arguments; the workflow "
@@ -190,6 +210,24 @@ async def _decide(client: Client, ns: argparse.Namespace) -> int:
         signing_key=load_signing_key(ns.keyfile) if ns.keyfile else None,
     )
     return _report(res)
+
+
+HASH_LENGTH = 64
+MIN_PREFIX = 8
+
+
+async def _the_request(
+    client: Client, workflow: str, step: str | None, given: str
+) -> ApprovalRequest:
+    """The pending request meant: by step, or (no step, several pending) the only one whose
+    hash starts with a prefix ``given``."""
+    if step is not None or len(given) >= HASH_LENGTH or len(given) < MIN_PREFIX:
+        return await pending(client, workflow, step)
+    reqs = (await view(client, workflow)).pending
+    mine = [r for r in reqs if r.args_hash.startswith(given)]
+    if len(reqs) > 1 and len(mine) == 1:
+        return mine[0]
+    return await pending(client, workflow, step)
 
 
 async def _last_outcome(client: Client, workflow: str, step: str | None) -> str:

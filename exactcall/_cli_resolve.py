@@ -10,10 +10,12 @@ from typing import Any
 
 from temporalio.client import Client
 
-from .approvals._cli import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, _confirm
+from .approvals._cli import EXIT_OK, EXIT_QUEUED, EXIT_REFUSED, EXIT_USAGE, _confirm
 from .reconciliation import UnresolvedCall, find, list_unresolved, resolve
 
 __all__ = ["add_parsers", "run"]
+
+EXIT_SENT = EXIT_QUEUED  # sent, applied later: neither accepted nor refused
 
 
 def add_parsers(sub: Any, connection_args: Any) -> None:
@@ -61,8 +63,8 @@ async def run(ns: argparse.Namespace, client: Client) -> int:
                 print(f"    args {json.dumps(u.args, sort_keys=True)}")
                 print(f"    why  {u.reason}")
                 print(
-                    f"    exactcall resolve {u.workflow_id} {u.step} --landed|--not-landed|"
-                    "--abandon"
+                    f"    exactcall resolve {u.workflow_id} {u.step} --landed --result JSON|"
+                    "--not-landed|--abandon"
                 )
         return EXIT_OK
     return await _resolve(ns, client)
@@ -70,6 +72,13 @@ async def run(ns: argparse.Namespace, client: Client) -> int:
 
 async def _resolve(ns: argparse.Namespace, client: Client) -> int:
     result = None
+    if ns.landed and ns.result is None:
+        print(
+            "exactcall resolve: --landed needs --result JSON, the call's result as the tool "
+            "would have returned it (the agent gets exactly that; --result null for none)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     if ns.result is not None:
         if not ns.landed:
             print("exactcall resolve: --result goes with --landed", file=sys.stderr)
@@ -107,7 +116,12 @@ async def _resolve(ns: argparse.Namespace, client: Client) -> int:
     if res.accepted:
         print(f"{verdict} by {res.resolution.by}: accepted")
         return EXIT_OK
-    print(
-        f"{verdict}: {res.outcome or 'sent; not confirmed (no worker answered)'}", file=sys.stderr
-    )
+    if res.outcome is None:  # sent: Temporal keeps it, a worker applies it when it runs
+        print(
+            f"{verdict}: sent; not confirmed yet: no worker answered. The verdict is in the "
+            "reconciliation's history and is applied when a worker runs it (exit 3)",
+            file=sys.stderr,
+        )
+        return EXIT_SENT
+    print(f"{verdict}: {res.outcome}", file=sys.stderr)
     return EXIT_REFUSED

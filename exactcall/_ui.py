@@ -208,7 +208,7 @@ def _resolve_words(intent: Intent, namespace: str) -> list[list[str]]:
     base = ["exactcall", "resolve", _arg(intent.workflow_id), _arg(intent.step)]
     ns = _ns(namespace)
     return [
-        [*base, "--landed", *ns],
+        [*base, "--landed", "--result", "'<its result as JSON>'", *ns],
         [*base, "--not-landed", *ns],
         [*base, "--abandon", "--reason", '"..."', *ns],
     ]
@@ -235,7 +235,7 @@ def parked_details(intent: Intent, reason: str, since: datetime, cancelled: bool
             "Check the destination for an effect under that key, then settle it:",
             "",
             _sh(landed),
-            "it happened (add `--result JSON` for the result the call returns);",
+            "it happened: the call returns that result (as the tool would have; `null` for none);",
             "",
             _sh(not_landed),
             f"{again};",

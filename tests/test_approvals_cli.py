@@ -269,3 +269,21 @@ async def test_two_workers_and_racing_approvers_give_one_effect(
         assert sum(r.accepted for r in results) == 1
         assert (await handle.result())[0]["ok"]["to"] == f"{who}-{i}"
         assert bank.count(to=f"{who}-{i}") == 1
+
+
+async def test_the_listed_hash_prefix_approves_and_a_wrong_one_sends_nothing(
+    server: DevServer, client: Client, worker: Worker, tq: str, bank: Bank, who: str
+) -> None:
+    handle = await start_agent(client, tq, plan(step("transfer", bank.url, 10, who)))
+    req = await pending_of(client, handle)
+    # a prefix that is not this call's: refused before anything is sent
+    wrong = exactcall.intent_hash("transfer", bank.url, 9999, "mallory")[:12]
+    rc, _, err = await cli(server, "approve", handle.id, "--hash", wrong, "--yes")
+    assert rc == 2 and "nothing sent" in err and req.args_hash in err
+    assert (await approvals.view(client, handle.id)).decisions == []
+    # the 12 characters `approvals list` prints: the full hash is shown, then used
+    rc, out, err = await cli(server, "approve", handle.id, "--hash", req.args_hash[:12], "--yes")
+    assert rc == 0, err
+    assert f"is the start of this call's hash: {req.args_hash}" in out and "accepted" in out
+    out_ = await handle.result()
+    assert out_[0]["ok"]["to"] == who and bank.count(to=who) == 1

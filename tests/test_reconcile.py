@@ -224,3 +224,9 @@ async def test_probe_past_its_deadline_parks_the_call(
     res = await reconciliation.resolve(client, h.id, row.step, "abandon", by="ops")
     assert res.accepted
     assert bank.count(to=who) == 1
+
+
+async def test_landed_needs_the_result_the_agent_gets(server: DevServer) -> None:
+    rc, _, err = await cli(server, "resolve", "some-workflow", "pay#1", "--landed", "--yes")
+    assert rc == 2
+    assert "--landed needs --result JSON" in err and "--result null for none" in err

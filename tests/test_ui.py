@@ -200,7 +200,11 @@ async def test_a_parked_reconciliation_shows_why_and_how_to_resolve_it(
         f"reconcile ui_lost_pay ui_lost_pay#1 of workflow {h.id}, args {args_hash[:8]}…"
     )
     assert "**why** the tool raised ConnectionResetError" in (await desc.static_details() or "")
-    rc, out, err = await cli(server, *command_of(text, "resolve", "--landed"), "--yes")
+    landed = command_of(text, "resolve", "--landed")
+    at = landed.index("--result") + 1
+    assert landed[at] == "<its result as JSON>"  # the person fills it in
+    landed[at] = json.dumps({"payment_id": -1, "checked": "by hand"})
+    rc, out, err = await cli(server, *landed, "--yes")
     assert rc == 0, (out, err)
     await h.result()
     assert await details(rec) == ""  # settled: nothing left for a person

@@ -71,7 +71,7 @@ TOOL_VERSION = "1"  # the demo's tools keep the default version (part of their k
 TOOLS_MODULE = "exactcall.demo.tools"
 WORKFLOWS_MODULE = "exactcall.demo.workflows"
 CRASH_BARE_ENV = "EXACTCALL_DEMO_CRASH_BARE"  # exactcall.demo.tools.CRASH_BARE_ENV
-RESOLVE_FLAGS = "--landed|--not-landed|--abandon"
+RESOLVE_FLAGS = "--landed --result JSON|--not-landed|--abandon"
 
 
 @dataclass(frozen=True)

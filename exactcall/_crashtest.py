@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,7 +137,7 @@ class _Run:
             while not result.done() and time.monotonic() < deadline:
                 await self._tend()
                 await asyncio.wait({result}, timeout=0.3)
-            out.final = _final(result)
+            out.final = _final(result, self.unknown)
             await self._judge(out)
         finally:
             for wp in self.workers:
@@ -220,16 +220,29 @@ class _Run:
         out.unapproved = [f"{s} ran without an approval of its args" for s in needing - approved]
 
 
-def _final(result: asyncio.Future[Any]) -> str:
+def _final(result: asyncio.Future[Any], abandoned: Collection[str] = ()) -> str:
     if not result.done():
         result.cancel()
         return "did not finish"
-    if result.exception() is not None:
-        return f"failed: {type(result.exception()).__name__}"
+    exc = result.exception()
+    if exc is not None:
+        if abandoned and _abandoned(exc):
+            # the crashtest abandoned the parked call itself, to let the run end
+            return f"ended by the crashtest's abandon of parked {', '.join(sorted(abandoned))}"
+        return f"failed: {type(exc).__name__}"
     value = result.result()
     if isinstance(value, list) and all(isinstance(v, dict) for v in value):
         return ", ".join(f"{v.get('tool', '?')}={v.get('status', '?')}" for v in value)
     return "completed"
+
+
+def _abandoned(exc: BaseException | None) -> bool:
+    """Whether a workflow failure is (caused by) a CallAbandoned."""
+    while exc is not None:
+        if type(exc).__name__ == "CallAbandoned" or getattr(exc, "type", None) == "CallAbandoned":
+            return True
+        exc = exc.__cause__ or getattr(exc, "cause", None)
+    return False
 
 
 async def run_crashtest(

@@ -54,6 +54,8 @@ async def test_demo_agent_never_runs_a_call_twice() -> None:
     # a crash inside a call with no probe and no dedupe is parked, not re-sent
     parked = by_name["after the effect of pay_no_key#1"]
     assert parked["unknown"] == ["pay_no_key#1"] and parked["executions"]["pay_no_key#1"] == 1
+    # the demo agent reports each call's status; its run ended with the abandon it was given
+    assert parked["final"].endswith("pay_no_key=CallAbandoned")
     assert report["plain_temporal"]["executions"] == 2 and report["plain_temporal"]["duplicate"]
     assert "[" in err and "found 4 calls" in err  # progress while it runs
 
@@ -154,3 +156,24 @@ async def test_a_framework_agent_is_crashtested_through_its_plugin(
     assert report["duplicates"] == 0 and report["unapproved"] == 0
     assert all(b["final"] != "did not finish" for b in report["boundaries"])
     assert bank.count(to=who) == len(report["boundaries"])  # one payment per run, never two
+
+
+def test_an_agent_failed_by_the_crashtests_own_abandon_says_so() -> None:
+    # an agent that does not catch CallAbandoned fails: the row says why, not just the type
+    from temporalio.client import WorkflowFailureError
+    from temporalio.exceptions import ApplicationError
+
+    from exactcall._crashtest import _final
+
+    loop = asyncio.new_event_loop()
+    try:
+        abandoned, other = loop.create_future(), loop.create_future()
+        abandoned.set_exception(
+            WorkflowFailureError(cause=ApplicationError("abandoned", type="CallAbandoned"))
+        )
+        other.set_exception(WorkflowFailureError(cause=ApplicationError("boom", type="KeyError")))
+        assert _final(abandoned, {"pay#1"}) == "ended by the crashtest's abandon of parked pay#1"
+        assert _final(other, {"pay#1"}) == "failed: WorkflowFailureError"
+        assert _final(abandoned, ()) == "failed: WorkflowFailureError"  # it abandoned nothing
+    finally:
+        loop.close()

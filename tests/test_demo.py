@@ -26,7 +26,7 @@ ROWS = {
 }
 PARKED = re.compile(
     r"^\s+parked; `exactcall resolve (exactcall-demo-parked-\S+) pay_no_key#1 "
-    r"--landed\|--not-landed\|--abandon` settles it$",
+    r"--landed --result JSON\|--not-landed\|--abandon` settles it$",
     re.MULTILINE,
 )
 APPROVAL = (

@@ -53,11 +53,10 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         f"exactcall.langgraph needs LangGraph ({exc}): pip install 'exactcall[langgraph]'"
     ) from exc
 
+from ._adapters import MODEL_ERRORS
 from ._canonical import args_hash, derive_key
-from ._errors import ExactcallError, IntentConflict, InvalidCall, ToolFailed
+from ._errors import ExactcallError, InvalidCall
 from ._tool import Tool, resolve_tool
-from ._verdicts import CallAbandoned
-from .approvals._binding import ApprovalDenied, ApprovalExpired, ApprovalMissing
 from .workflows._call import call_with
 from .workflows._state import state
 
@@ -72,15 +71,7 @@ __all__ = [
 ]
 
 
-TOOL_ERRORS: tuple[type[ExactcallError], ...] = (
-    ApprovalDenied,
-    ApprovalExpired,
-    ApprovalMissing,
-    IntentConflict,
-    ToolFailed,
-    CallAbandoned,
-    InvalidCall,
-)
+TOOL_ERRORS: tuple[type[ExactcallError], ...] = MODEL_ERRORS
 """exactcall errors the model sees as a tool error; the others (an unknown outcome with
 ``on_unknown="raise"``, an unrecordable result) fail the run: a model that retried them
 would start a new call."""

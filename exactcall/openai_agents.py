@@ -42,7 +42,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "pip install 'exactcall[openai-agents]'"
     ) from exc
 
-from ._errors import ExactcallError, InvalidCall, PluginNotInstalled, register_error
+from ._adapters import MODEL_ERRORS
+from ._errors import ExactcallError, InvalidCall, register_error
 from ._tool import KEY_PARAM, Tool, resolve_tool
 from .approvals._binding import ApprovalMissing
 from .workflows._call import call_with
@@ -81,9 +82,7 @@ class _ExactcallFunctionTool(FunctionTool):
             if await self._natively_gated(ctx, raw):
                 _check_native_approval(t, ctx.tool_call_id, args, kwargs)
             result = await call_with(t, args=args, kwargs=kwargs)
-        except PluginNotInstalled:
-            raise  # a worker set up wrong: fail loudly, not as a message to the model
-        except ExactcallError as err:
+        except (*MODEL_ERRORS, ApprovalMismatch) as err:  # see exactcall._adapters
             return _error_text(err)
         return _result_text(result)
 

@@ -47,25 +47,17 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "pip install 'exactcall[pydantic-ai]'"
     ) from exc
 
+from ._adapters import MODEL_ERRORS
 from ._canonical import args_hash
-from ._errors import AmbiguousOutcome, IntentConflict, InvalidCall, ToolFailed
+from ._errors import InvalidCall
 from ._tool import KEY_PARAM, Tool, resolve_tool
-from ._verdicts import CallAbandoned
-from .approvals._binding import ApprovalDenied, ApprovalExpired, ApprovalMissing
 from .workflows._call import call_with
 
 __all__ = ["ARGS_HASH", "ExactcallToolset", "approve", "toolset"]
 
 
-_REFUSALS = (
-    ApprovalDenied,
-    ApprovalExpired,
-    ApprovalMissing,
-    IntentConflict,
-    ToolFailed,
-    CallAbandoned,
-    AmbiguousOutcome,
-)
+_REFUSALS = tuple(e for e in MODEL_ERRORS if e is not InvalidCall)
+"""Tool errors (see exactcall._adapters); InvalidCall is a ModelRetry instead."""
 
 
 def toolset(

@@ -73,7 +73,19 @@ async def oa_approved_pay(bank: str, amount: int, to: str) -> dict[str, Any]:
     return await asyncio.to_thread(post_payment, bank, amount, to, headers)
 
 
-TOOLS = [oa.function_tool(oa_pay), oa.function_tool(oa_approved_pay)]
+@exactcall.tool(on_unknown="raise", heartbeat_timeout=FAST)
+async def oa_pay_then_lose(bank: str, amount: int, to: str) -> dict[str, Any]:
+    """Pay, then lose the answer: an unknown outcome, raised (no probe)."""
+    headers = exactcall.idempotency_headers()
+    await asyncio.to_thread(post_payment, bank, amount, to, headers)
+    raise ConnectionResetError("the answer was lost after the payment was sent")
+
+
+TOOLS = [
+    oa.function_tool(oa_pay),
+    oa.function_tool(oa_approved_pay),
+    oa.function_tool(oa_pay_then_lose),
+]
 
 
 async def over_100(ctx: Any, params: dict[str, Any], call_id: str) -> bool:

@@ -177,6 +177,33 @@ class PaiAgent:
         self._results = results
 
 
+# -- an agent whose one tool raises its unknown outcome (the adapters' one rule) ----------------
+@exactcall.tool(on_unknown="raise", heartbeat_timeout=FAST)
+async def pai_pay_then_lose(
+    bank: str, amount: int, to: str, *, idempotency_key: str
+) -> dict[str, Any]:
+    """Pay, then lose the answer: an unknown outcome, raised (no probe)."""
+    await pay_at_bank(bank, amount, to, key=idempotency_key)
+    raise ConnectionResetError("the answer was lost after the payment was sent")
+
+
+losing_agent = Agent(
+    FunctionModel(scripted, model_name="pai-scripted"),
+    name="pai_losing_agent",
+    toolsets=[exactcall.pydantic_ai.toolset(pai_pay_then_lose)],
+    capabilities=[TemporalDurability()],
+)
+
+
+@workflow.defn(name="PaiLosingAgent")
+class PaiLosingAgent:
+    __pydantic_ai_agents__ = (losing_agent,)
+
+    @workflow.run
+    async def run(self, text: str) -> str:
+        return (await losing_agent.run(text)).output
+
+
 def plugins() -> list[Any]:
     """The worker's framework plugin (``exactcall worker --plugin tests.pai_app:plugins``)."""
     return [PydanticAIPlugin()]

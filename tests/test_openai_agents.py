@@ -15,13 +15,13 @@ from typing import Any, TypeVar
 
 import pytest
 from agents import FunctionTool
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.converter import DataConverter
 from temporalio.openai_agents import OpenAIPayloadConverter
 from temporalio.worker import Worker
 
 import exactcall
-from exactcall import approvals
+from exactcall import approvals, reconciliation
 from exactcall import openai_agents as oa
 from exactcall._replay import load_history, recorded_intents
 from exactcall._server import DevServer
@@ -195,6 +195,25 @@ async def test_a_reset_rerun_model_with_new_call_ids_does_not_pay_again(
 
 
 # -- refusals the agent sees as tool errors -------------------------------------------------------
+async def test_an_unknown_outcome_fails_the_run_and_never_reaches_the_model(
+    oa_client: Client, oa_worker: Worker, tq: str, bank: Bank, who: str
+) -> None:
+    # the one rule of exactcall._adapters: a model told "it failed" would call again (a new
+    # step, a new key) and may pay twice, so the run fails and the reconciliation goes on
+    handle = await start(oa_client, tq, oa_app.script([pay(bank, who, tool="oa_pay_then_lose")]))
+    with pytest.raises(WorkflowFailureError) as failed:
+        await handle.result()
+    assert "AmbiguousOutcome" in str(failed.value.cause) or (
+        getattr(failed.value.cause, "type", None) == "AmbiguousOutcome"
+    )
+    assert bank.count(to=who) == 1
+    assert [
+        r.step
+        for r in await reconciliation.list_unresolved(oa_client)
+        if r.workflow_id == handle.id
+    ] == ["oa_pay_then_lose#1"]
+
+
 async def test_other_arguments_under_a_step_that_ran_are_a_conflict_the_agent_sees(
     oa_client: Client, oa_worker: Worker, tq: str, bank: Bank, who: str
 ) -> None:

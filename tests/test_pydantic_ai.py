@@ -19,10 +19,10 @@ from pydantic_ai import Agent, DeferredToolResults, ModelResponse, TextPart, Too
 from pydantic_ai.durable_exec.temporal import PydanticAIPlugin
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 
 import exactcall
-from exactcall import approvals
+from exactcall import approvals, reconciliation
 from exactcall._server import DevServer
 from exactcall._worker import Connection, build_worker, connect
 from exactcall.demo.bank import Bank
@@ -30,7 +30,15 @@ from exactcall.pydantic_ai import ARGS_HASH, approve, toolset
 from exactcall.quickstart import pydantic_ai as quickstart
 from exactcall.testing import WorkerProcess, assert_replays
 from tests.conftest import ROOT
-from tests.pai_app import HISTORIES, PaiAgent, pai_approved_pay, pai_hitl_pay, pai_pay, prompt
+from tests.pai_app import (
+    HISTORIES,
+    PaiAgent,
+    PaiLosingAgent,
+    pai_approved_pay,
+    pai_hitl_pay,
+    pai_pay,
+    prompt,
+)
 from tests.test_runs import reset_to_first_task
 
 APP = ["tests.pai_app"]
@@ -48,6 +56,29 @@ async def pai_client(server: DevServer) -> Client:
 async def pai_worker(pai_client: Client, tq: str) -> AsyncIterator[None]:
     async with build_worker(pai_client, tq, [PaiAgent]):
         yield
+
+
+async def test_an_unknown_outcome_fails_the_run_and_never_reaches_the_model(
+    pai_client: Client, tq: str, bank: Bank, who: str
+) -> None:
+    # the one rule of exactcall._adapters: a model told "it failed" would call again (a new
+    # step, a new key) and may pay twice, so the run fails and the reconciliation goes on
+    async with build_worker(pai_client, tq, [PaiLosingAgent]):
+        handle = await pai_client.start_workflow(
+            PaiLosingAgent.run,
+            prompt(bank.url, ("pai_pay_then_lose", 3, who)),
+            id=f"pai-lose-{uuid.uuid4().hex[:8]}",
+            task_queue=tq,
+        )
+        with pytest.raises(WorkflowFailureError) as failed:
+            await asyncio.wait_for(handle.result(), 60)
+    cause = failed.value.cause
+    assert getattr(cause, "type", None) == "AmbiguousOutcome", repr(cause)
+    assert bank.count(to=who) == 1
+    rows = [
+        r for r in await reconciliation.list_unresolved(pai_client) if r.workflow_id == handle.id
+    ]
+    assert [r.tool for r in rows] == ["pai_pay_then_lose"]
 
 
 async def start(client: Client, tq: str, text: str, wid: str | None = None) -> WorkflowHandle:

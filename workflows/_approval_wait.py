@@ -19,12 +19,7 @@ from exactcall.approvals._binding import (
 
 from ._state import WorkflowState, state
 
-__all__ = ["needs_approval", "show_pending", "wait_for_approval"]
-
-
-def needs_approval(t: Tool, intent: Intent) -> bool:
-    """Whether this call waits for a person (see ``Tool.needs_approval``)."""
-    return t.needs_approval(intent)
+__all__ = ["show_pending", "wait_for_approval"]
 
 
 async def wait_for_approval(t: Tool, intent: Intent) -> ApprovalGrant:

@@ -39,7 +39,7 @@ from exactcall._model import Intent
 from exactcall._tool import Tool, resolve_tool
 from exactcall._verdicts import CallSpec
 
-from ._approval_wait import needs_approval, wait_for_approval
+from ._approval_wait import wait_for_approval
 from ._state import Flight, cancellation_reaches_calls, state
 from ._unknown import (
     OnUnknown,
@@ -225,7 +225,7 @@ async def _run_flight(t: Tool, intent: Intent, on_unknown: OnUnknown, flight: Fl
     not started, or its worker died), one more attempt settles the call from its markers
     without calling the tool.
     """
-    if needs_approval(t, intent):
+    if t.needs_approval(intent):
         grant = await observed_approval(t.name, wait_for_approval(t, intent))
         intent = intent.model_copy(update={"approval": grant})
     try:

@@ -207,11 +207,14 @@ async def test_an_unknown_outcome_fails_the_run_and_never_reaches_the_model(
         getattr(failed.value.cause, "type", None) == "AmbiguousOutcome"
     )
     assert bank.count(to=who) == 1
-    assert [
-        r.step
-        for r in await reconciliation.list_unresolved(oa_client)
-        if r.workflow_id == handle.id
-    ] == ["oa_pay_then_lose#1"]
+
+    async def listed() -> list[str]:  # visibility: eventually consistent
+        rows = await reconciliation.list_unresolved(oa_client)
+        return [r.step for r in rows if r.workflow_id == handle.id]
+
+    assert await eventually(listed, lambda steps: steps == ["oa_pay_then_lose#1"]) == [
+        "oa_pay_then_lose#1"
+    ]
 
 
 async def test_other_arguments_under_a_step_that_ran_are_a_conflict_the_agent_sees(

@@ -75,10 +75,12 @@ async def test_an_unknown_outcome_fails_the_run_and_never_reaches_the_model(
     cause = failed.value.cause
     assert getattr(cause, "type", None) == "AmbiguousOutcome", repr(cause)
     assert bank.count(to=who) == 1
-    rows = [
-        r for r in await reconciliation.list_unresolved(pai_client) if r.workflow_id == handle.id
-    ]
-    assert [r.tool for r in rows] == ["pai_pay_then_lose"]
+
+    async def listed() -> list[str]:  # visibility: eventually consistent
+        rows = await reconciliation.list_unresolved(pai_client)
+        return [r.tool for r in rows if r.workflow_id == handle.id]
+
+    assert await eventually(listed) == ["pai_pay_then_lose"]
 
 
 async def start(client: Client, tq: str, text: str, wid: str | None = None) -> WorkflowHandle:

@@ -154,6 +154,10 @@ class Tool:
         an MCP tool of a trusted server may also read by its ``readOnlyHint``."""
         return self.options.read_only
 
+    reads_by_hint = False
+    """Whether a worker's hint may make this tool's attempts reads: an MCP tool declared
+    ``read_only=None`` (see :attr:`attempt_reads`)."""
+
     @property
     def takes_key(self) -> bool:
         return KEY_PARAM in self._signature.parameters

@@ -36,6 +36,7 @@ __all__ = [
     "PENDING_MEMO",
     "PROBE_PREFIX",
     "PYDANTIC_AI_ARGS_HASH",
+    "READ_PATH_BY_DECLARATION",
     "RECONCILE_STATE_QUERY",
     "RECONCILE_WORKFLOW",
     "RECORD_STATE_QUERY",
@@ -180,6 +181,10 @@ CANCELLED_WHILE_JOINING = "exactcall.cancelled-while-joining"
 sent signal finish and drops the cancellation); histories from before it waited on."""
 TELLS_THE_CALL = "exactcall.reconcile-tells-the-call"
 """Patch: a reconciliation that is not a child signals its verdict to the call's workflow."""
+READ_PATH_BY_DECLARATION = "exactcall.read-path-by-declaration"
+"""Patch: an MCP tool declared ``read_only=None`` takes the write path in the workflow on
+every worker; histories from before it took the read path where the worker's trusted server
+hinted read-only. Recorded once per run, and only in runs that call such a tool."""
 MARKS_BY_ACTIVITY = "exactcall.marks-by-activity"
 """Patch: verdicts are written to the record by a local activity, which opens a record that
 has closed (records close by themselves); before, by an external signal."""

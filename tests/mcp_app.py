@@ -94,3 +94,24 @@ class Notebook:
             return await exactcall.call(append, text=text)
         except (exactcall.ToolFailed, exactcall.AmbiguousOutcome) as err:
             return {"error": err.code, "message": err.message}
+
+
+# the trusted server's read-only show_key on a task queue that no worker polls, so a cancel
+# always finds its activity scheduled (tests/histories/mcp/hinted_read_*.json)
+unpolled_show_key = exactcall.mcp.tool(
+    "tt",
+    "show_key",
+    tool_name="mcp.tt.show_key_unpolled",
+    task_queue="exactcall-nobody-polls",
+    start_to_close_timeout=timedelta(seconds=30),
+)
+
+
+@workflow.defn
+class HintedRead:
+    """Calls a read_only=None tool of the trusted server. Before Core v3 the workflow ran it
+    as a read when the worker's server hinted read-only, as the stored histories show."""
+
+    @workflow.run
+    async def run(self, wait: bool) -> Any:
+        return await exactcall.call(unpolled_show_key if wait else trusted_show_key)

@@ -212,3 +212,29 @@ async def test_a_plain_activity_input_is_not_reported(tmp_path: Path) -> None:
     [report] = await replay_histories([path], [Agent])
     assert report.calls == 2
     assert not any("does not decode" in p for p in report.problems), report.problems
+
+
+@pytest.mark.parametrize(
+    ("name", "hint"),
+    [
+        ("hinted_read_done", True),
+        ("hinted_read_cancelled", True),
+        # recorded since (the patch): a write's path, on every worker, whatever its hint
+        ("hinted_read_cancelled_patched", True),
+        ("hinted_read_cancelled_patched", False),
+    ],
+)
+async def test_a_read_only_none_mcp_call_replays_as_recorded(
+    name: str, hint: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # hinted_read_*: recorded before Core v3 by a worker whose trusted server hinted show_key
+    # read-only, so its workflow took the read path (a plain activity, cancelled without
+    # waiting); they replay on a worker that saw the same hint, as the recording one did
+    from tests import mcp_app
+
+    for t in (mcp_app.trusted_show_key, mcp_app.unpolled_show_key):
+        monkeypatch.setattr(t, "hinted_read_only", hint)
+    replayer = Replayer(
+        workflows=[mcp_app.HintedRead], plugins=[exactcall.Plugin(tools=[])], namespace="default"
+    )
+    await replayer.replay_workflow(load(HISTORIES / "mcp" / f"{name}.json"))

@@ -38,6 +38,7 @@ from exactcall._metrics import CALLS, count, observed_approval
 from exactcall._model import Intent
 from exactcall._tool import Tool, resolve_tool
 from exactcall._verdicts import CallSpec
+from exactcall._wire import READ_PATH_BY_DECLARATION
 
 from ._approval_wait import wait_for_approval
 from ._state import Flight, cancellation_reaches_calls, state
@@ -116,7 +117,7 @@ async def call_with(
         raise InvalidCall(f"on_unknown={mode!r}: use 'wait' or 'raise'", tool=t.name)
     intent = intent_of(t, args, kwargs or {}, key)
     st = state()
-    if t.options.read_only:  # cancelled like a plain activity (not awaited)
+    if _reads(t):  # cancelled like a plain activity (not awaited)
         try:
             return _typed(t, await _read(t, intent))
         except _Interrupted as err:
@@ -131,6 +132,17 @@ async def call_with(
         count(CALLS, tool=t.name, outcome="conflict")
         raise _conflict(t, intent, "already ran", flight.intent.args_hash)
     return _typed(t, await _join(flight))
+
+
+def _reads(t: Tool) -> bool:
+    """Whether the workflow runs this call as a read: the tool's declaration, except in
+    histories from before READ_PATH_BY_DECLARATION, where a trusted MCP server's hint to the
+    worker decided (replayed as recorded, on a worker that sees the same hint)."""
+    if t.options.read_only:
+        return True
+    if t.reads_by_hint:
+        return not workflow.patched(READ_PATH_BY_DECLARATION) and t.attempt_reads
+    return False
 
 
 def _conflict(t: Tool, intent: Intent, what: str, recorded_hash: str) -> IntentConflict:
@@ -290,7 +302,7 @@ async def execute_tool_activity(
     did (WAIT_CANCELLATION_COMPLETED); read-only calls and re-runs are cancelled as usual."""
     if activity_id is None:
         activity_id = _activity_id(t, intent)
-    if t.options.read_only:
+    if _reads(t):
         opts = t.options
         return await _schedule(
             t.name,

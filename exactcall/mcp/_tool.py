@@ -56,7 +56,9 @@ class McpTool(Tool):
     """What the trusted server's ``readOnlyHint`` said, read when the worker started. It
     decides how this worker's attempts run, never the workflow's path (a declaration): the
     workflow code of a ``read_only=None`` tool is a write's on every worker, whatever each
-    worker's server said, so replays never depend on it."""
+    worker's server said, so replays never depend on it. (Runs recorded before that, when
+    the hint chose the workflow's read path too, replay as recorded: see
+    ``READ_PATH_BY_DECLARATION``.)"""
 
     @property
     def attempt_reads(self) -> bool:
@@ -116,6 +118,7 @@ def tool(
     }
     t = McpTool(fn, _options(fn, opts))
     t.server, t.remote_name, t.hint_pending = server, name, read_only is None
+    t.reads_by_hint = read_only is None
     _register(t)
     return t
 

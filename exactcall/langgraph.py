@@ -12,7 +12,9 @@ cannot be "the next ordinal" each time the code runs. The first time this workfl
 tool call id (the model's ``tool_call_id``, stable in graph state), it gives the call the
 tool's next ordinal (``pay#1``) and remembers it: a node re-run on resume finds the same step,
 and a reset (which replays from the start and may get new ids from the model) recomputes the
-same ordinals, so both reach the same idempotency key.
+same ordinals, so both reach the same idempotency key. ``tool_node(..., key=lambda args:
+f"order-{args['order_id']}")`` names the step from the call's arguments instead (see
+:mod:`exactcall.adapters`): a model that repeats the call repeats no effect.
 
 Approvals. A tool declared ``@exactcall.tool(approval=True)`` makes the node wait for
 exactcall's own signal, bound to the argument hash. Or ``tool_node(..., interrupt_on=[pay])``
@@ -29,6 +31,7 @@ with a text that says what happened, so the graph continues.
 from __future__ import annotations
 
 import contextvars
+import inspect
 import json
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -53,12 +56,19 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         f"exactcall.langgraph needs LangGraph ({exc}): pip install 'exactcall[langgraph]'"
     ) from exc
 
-from ._adapters import MODEL_ERRORS
-from ._canonical import args_hash, derive_key
-from ._errors import ExactcallError, InvalidCall
-from ._tool import Tool, resolve_tool
-from .workflows._call import call_with
-from .workflows._state import state
+from . import ExactcallError, InvalidCall, Tool
+from .adapters import (
+    MODEL_ERRORS,
+    KeyFunction,
+    KeyOption,
+    call_for_model,
+    key_functions,
+    next_step,
+    planned_intent,
+    resolve_tool,
+    schema_function,
+    step_of,
+)
 
 __all__ = [
     "APPROVAL_INTERRUPT",
@@ -88,29 +98,30 @@ def _step_for(t: Tool, tool_call_id: str | None) -> str:
     """The step of the model's tool call ``tool_call_id`` of ``t`` in this workflow run: the
     tool's next ordinal the first time the id is seen, the same step every time after."""
     if not tool_call_id:
-        return state().next_step(t.name)
+        return next_step(t)
     seen = _STEPS.setdefault(workflow.instance(), {})
     step = seen.get((t.name, tool_call_id))
     if step is None:
-        step = state().next_step(t.name)
+        step = next_step(t)
         seen[(t.name, tool_call_id)] = step
     return step
 
 
-def _describe(t: Tool, args: Mapping[str, Any], tool_call_id: str | None) -> dict[str, Any]:
-    """What a call is about to do: tool, canonical args, hash, step and key (may raise
-    InvalidCall for arguments that do not fit the tool)."""
-    canonical = t.canonical_args((), dict(args))
-    step = _step_for(t, tool_call_id)
-    info = workflow.info()
+def _describe(
+    t: Tool, args: Mapping[str, Any], tool_call_id: str | None, key: KeyFunction | None
+) -> dict[str, Any]:
+    """What a call is about to do: tool, canonical args, hash, step and key, as
+    ``exactcall.call`` computes them (may raise InvalidCall for arguments that do not fit)."""
+    step = step_of(t, args, key) or _step_for(t, tool_call_id)
+    intent = planned_intent(t, args, step)
     return {
         "type": APPROVAL_INTERRUPT,
         "tool": t.name,
-        "args": canonical,
-        "args_hash": args_hash(t.name, canonical),
+        "args": intent.args,
+        "args_hash": intent.args_hash,
         "tool_call_id": tool_call_id,
-        "step": step,
-        "key": derive_key(info.namespace, info.workflow_id, step, t.name, t.version),
+        "step": intent.step,
+        "key": intent.key,
     }
 
 
@@ -145,7 +156,11 @@ def _decision_refusal(call: Mapping[str, Any], decision: Any) -> str | None:
 
 
 async def run_call(
-    t: Tool, args: Mapping[str, Any], tool_call_id: str | None, gated: bool = False
+    t: Tool,
+    args: Mapping[str, Any],
+    tool_call_id: str | None,
+    gated: bool = False,
+    key: KeyFunction | None = None,
 ) -> tuple[str, dict[str, Any] | None, bool]:
     """Run one model tool call through exactcall: ``(content, exactcall fields, ok)``.
 
@@ -154,7 +169,7 @@ async def run_call(
     resume value that approves it); ``fields`` (step, key, args_hash) is None when the
     arguments do not fit the tool."""
     try:
-        call = _describe(t, args, tool_call_id)
+        call = _describe(t, args, tool_call_id, key)
     except InvalidCall as err:
         return _error_text(t, err), None, False
     fields = {k: call[k] for k in ("step", "key", "args_hash")}
@@ -165,7 +180,7 @@ async def run_call(
             workflow.logger.warning("exactcall approval.rejected (langgraph): %s", refusal)
             return refusal, fields, False
     try:
-        result = await call_with(t, kwargs=dict(args), key=call["step"])
+        result = await call_for_model(t, args, step=call["step"])
     except TOOL_ERRORS as err:
         return _error_text(t, err), fields, False
     return _content(result), fields, True
@@ -196,6 +211,7 @@ class ExactcallTool(BaseTool):
     "tool_call"}``) inside a workflow, it runs the call once under the step of that id."""
 
     exactcall_tool: Any
+    key_function: Any = None
     handle_tool_error: bool = True
 
     def _run(self, *args: Any, **kwargs: Any) -> Any:
@@ -208,26 +224,32 @@ class ExactcallTool(BaseTool):
         tool_call_id = kwargs.pop(_CALL_ID_FIELD, None)
         if not workflow.in_workflow():
             self._run()
-        content, _fields, ok = await run_call(self.exactcall_tool, kwargs, tool_call_id)
+        content, _fields, ok = await run_call(
+            self.exactcall_tool, kwargs, tool_call_id, key=self.key_function
+        )
         if not ok:
             raise ToolException(content)
         return content
 
 
-def tools(*tools: Tool | str) -> list[BaseTool]:
+def tools(*tools: Tool | str, key: KeyOption = None) -> list[BaseTool]:
     """LangChain tools for ``model.bind_tools(...)`` and ``ToolNode``: one per exactcall tool,
-    with the tool's name, docstring and arguments (without ``idempotency_key``)."""
+    with the tool's name, docstring and arguments (without ``idempotency_key``). ``key``: as
+    :func:`tool_node`'s."""
     if not tools:
         raise TypeError("exactcall.langgraph.tools(*tools): give at least one exactcall tool")
-    return [_lc_tool(resolve_tool(t)) for t in tools]
+    resolved = [resolve_tool(t) for t in tools]
+    keys = key_functions(key, resolved, where="exactcall.langgraph.tools")
+    return [_lc_tool(t, keys.get(t.name)) for t in resolved]
 
 
-def _lc_tool(t: Tool) -> ExactcallTool:
+def _lc_tool(t: Tool, key: KeyFunction | None = None) -> ExactcallTool:
     return ExactcallTool(
         name=t.name,
         description=_description(t),
         args_schema=_schema(t),
         exactcall_tool=t,
+        key_function=key,
     )
 
 
@@ -237,13 +259,12 @@ def _description(t: Tool) -> str:
 
 
 def _schema(t: Tool) -> type[pydantic.BaseModel]:
-    hints = t._hints
     fields: dict[str, Any] = {}
-    for name, p in t.params.items():
+    for name, p in inspect.signature(schema_function(t)).parameters.items():
         if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
             continue
         default = ... if p.default is p.empty else p.default
-        fields[name] = (hints.get(name, Any), default)
+        fields[name] = (p.annotation, default)
     fields[_CALL_ID_FIELD] = (Annotated[str, InjectedToolCallId], ...)
     return pydantic.create_model(f"{t.name}_args", **fields)
 
@@ -254,26 +275,32 @@ def tool_node(
     interrupt_on: bool | Iterable[Tool | str] = False,
     messages_key: str = "messages",
     name: str = "tools",
+    key: KeyOption = None,
 ) -> Callable[[Any, RunnableConfig], Any]:
     """An async graph node that runs the last AI message's tool calls through exactcall.
 
     Add it with ``metadata={"execute_in": "workflow"}``. ``interrupt_on``: True (every tool)
     or the tools whose calls pause the graph with ``interrupt()`` for approval first (one
-    interrupt per call, all of a turn's before any of its calls runs)."""
+    interrupt per call, all of a turn's before any of its calls runs). ``key``: a function of
+    a call's arguments that names its step (``lambda args: f"order-{args['order_id']}"``),
+    or a mapping of tool to such a function: a model that repeats a call repeats no effect
+    (the same arguments get the first call's result, others an ``IntentConflict``). Without
+    it each model tool call is a new step (``refund#1``, ``refund#2``)."""
     resolved = [resolve_tool(t) for t in tools]
     if not resolved:
         raise TypeError("exactcall.langgraph.tool_node(*tools): give at least one exactcall tool")
     by_name = {t.name: t for t in resolved}
     gated = _gated(interrupt_on, by_name)
+    keys = key_functions(key, resolved, where="exactcall.langgraph.tool_node")
     node = ToolNode(
-        [_lc_tool(t) for t in resolved],
+        [_lc_tool(t, keys.get(t.name)) for t in resolved],
         name=name,
         messages_key=messages_key,
-        awrap_tool_call=_wrapper(by_name, gated),
+        awrap_tool_call=_wrapper(by_name, gated, keys),
     )
 
     async def exactcall_tools(state: Any, config: RunnableConfig) -> Any:
-        decisions = _ask(_tool_calls(state, messages_key), by_name, gated)
+        decisions = _ask(_tool_calls(state, messages_key), by_name, gated, keys)
         token = _DECISIONS.set(decisions)
         try:
             return await node.ainvoke(state, config)
@@ -298,14 +325,16 @@ def _gated(interrupt_on: bool | Iterable[Tool | str], by_name: Mapping[str, Tool
     return gated
 
 
-def _wrapper(by_name: Mapping[str, Tool], gated: set[str]) -> Callable[..., Any]:
+def _wrapper(
+    by_name: Mapping[str, Tool], gated: set[str], keys: Mapping[str, KeyFunction]
+) -> Callable[..., Any]:
     async def exactcall_wrap(request: ToolCallRequest, execute: Callable[..., Any]) -> Any:
         c = request.tool_call
         t = by_name.get(c["name"])
         if t is None:  # not an exactcall tool of this node: ToolNode's own answer
             return await execute(request)
         content, fields, ok = await run_call(
-            t, c.get("args") or {}, c.get("id"), gated=t.name in gated
+            t, c.get("args") or {}, c.get("id"), gated=t.name in gated, key=keys.get(t.name)
         )
         return _message(content, fields, ok, t.name, c.get("id") or "")
 
@@ -331,7 +360,10 @@ def _last_ai(messages: Sequence[AnyMessage]) -> AIMessage | None:
 
 
 def _ask(
-    calls: Sequence[Mapping[str, Any]], by_name: Mapping[str, Tool], gated: set[str]
+    calls: Sequence[Mapping[str, Any]],
+    by_name: Mapping[str, Tool],
+    gated: set[str],
+    keys: Mapping[str, KeyFunction],
 ) -> dict[str, Any]:
     """Interrupt once per gated call (in order); the resume values, by tool call id. A gated
     call without an id is not asked: it cannot be matched to an answer, so it does not run."""
@@ -340,7 +372,8 @@ def _ask(
         if c["name"] not in gated or not c.get("id"):
             continue
         try:
-            request = _describe(by_name[c["name"]], c.get("args") or {}, c["id"])
+            name = c["name"]
+            request = _describe(by_name[name], c.get("args") or {}, c["id"], keys.get(name))
         except InvalidCall:
             continue  # the call itself answers with the error
         decisions[c["id"]] = interrupt(request)

@@ -23,7 +23,6 @@ import dataclasses
 import inspect
 import json
 import re
-import typing
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -42,11 +41,18 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "pip install 'exactcall[openai-agents]'"
     ) from exc
 
-from ._adapters import MODEL_ERRORS
-from ._errors import ExactcallError, InvalidCall, register_error
-from ._tool import KEY_PARAM, Tool, resolve_tool
-from .approvals._binding import ApprovalMissing
-from .workflows._call import call_with
+from . import ApprovalMissing, ExactcallError, InvalidCall, Tool
+from .adapters import (
+    MODEL_ERRORS,
+    KeyFunction,
+    call_for_model,
+    key_functions,
+    register_error,
+    resolve_tool,
+    schema_function,
+    split_arguments,
+    step_of,
+)
 
 __all__ = ["ApprovalMismatch", "approve", "function_tool", "intent_hash"]
 
@@ -69,6 +75,7 @@ class _ExactcallFunctionTool(FunctionTool):
     """A FunctionTool whose invocation is ``exactcall.call`` (kept by ``dataclasses.replace``)."""
 
     exactcall_tool: Tool | None = dataclasses.field(default=None, kw_only=True, repr=False)
+    exactcall_key: KeyFunction | None = dataclasses.field(default=None, kw_only=True, repr=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -78,11 +85,12 @@ class _ExactcallFunctionTool(FunctionTool):
         """Run in the workflow: the call through exactcall, its refusals as tool errors."""
         t = self._tool()
         try:
-            args, kwargs = _call_arguments(t, raw)
+            named = _parsed(t, raw)
+            step = step_of(t, named, self.exactcall_key)
             if await self._natively_gated(ctx, raw):
-                _check_native_approval(t, ctx.tool_call_id, args, kwargs)
-            result = await call_with(t, args=args, kwargs=kwargs)
-        except (*MODEL_ERRORS, ApprovalMismatch) as err:  # see exactcall._adapters
+                _check_native_approval(t, ctx.tool_call_id, named)
+            result = await call_for_model(t, named, step=step)
+        except (*MODEL_ERRORS, ApprovalMismatch) as err:  # see exactcall.adapters
             return _error_text(err)
         return _result_text(result)
 
@@ -113,6 +121,7 @@ def function_tool(
     description: str | None = None,
     needs_approval: NeedsApproval = False,
     strict_json_schema: bool = True,
+    key: KeyFunction | None = None,
 ) -> FunctionTool:
     """An ``agents.FunctionTool`` that runs ``tool`` through :func:`exactcall.call`.
 
@@ -121,6 +130,10 @@ def function_tool(
     ``needs_approval``: the SDK's own human-in-the-loop (a bool, or ``async (run_context,
     params, call_id) -> bool``); approve its interruptions with :func:`approve`. The tool's
     exactcall ``approval=`` applies as well, and is authoritative.
+    ``key``: a function of the call's arguments that names its step (``lambda args:
+    f"order-{args['order_id']}"``), so a model that repeats a call repeats no effect: the
+    same arguments get the first call's result, others an ``IntentConflict``. Without it
+    each call is a new step (``refund#1``, ``refund#2``). See :mod:`exactcall.adapters`.
     """
     t = resolve_tool(tool)
     tool_name = name or t.name
@@ -129,8 +142,9 @@ def function_tool(
             f"exactcall tool {t.name!r}: {tool_name!r} is not a valid OpenAI tool name "
             "(1-64 letters, digits, '_' or '-'); pass function_tool(tool, name=...)"
         )
+    keys = key_functions(key, [t], where="exactcall.openai_agents.function_tool")
     schema = function_schema(
-        _signature_only(t),
+        schema_function(t),
         name_override=tool_name,
         description_override=description,
         strict_json_schema=strict_json_schema,
@@ -143,6 +157,7 @@ def function_tool(
         strict_json_schema=strict_json_schema,
         needs_approval=needs_approval,
         exactcall_tool=t,
+        exactcall_key=keys.get(t.name),
     )
 
 
@@ -150,36 +165,8 @@ async def _unbound(ctx: ToolContext[Any], raw: str) -> str:  # replaced in __pos
     raise ExactcallError("exactcall function tool used before it was built")
 
 
-def _signature_only(t: Tool) -> Callable[..., Any]:
-    """A stand-in for the tool's function with its signature minus ``idempotency_key`` (what
-    ``function_schema`` reads: signature, resolved annotations, name and docstring)."""
-    hints = _hints(t.fn)
-    params = []
-    for p in t.params.values():
-        ann = hints.get(p.name, Any)
-        params.append(p.replace(annotation=ann))
-
-    def stand_in(*args: Any, **kwargs: Any) -> Any:
-        raise TypeError("signature only")
-
-    stand_in.__name__ = t.name
-    stand_in.__qualname__ = t.name
-    stand_in.__doc__ = t.fn.__doc__
-    stand_in.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    stand_in.__annotations__ = {p.name: p.annotation for p in params}
-    return stand_in
-
-
-def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
-    try:
-        return typing.get_type_hints(fn, include_extras=True)
-    except Exception:  # unresolvable forward references: plain JSON values
-        return {}
-
-
-def _call_arguments(t: Tool, raw: str) -> tuple[list[Any], dict[str, Any]]:
-    """The model's JSON arguments as ``exactcall.call_with`` arguments (InvalidCall if they
-    are not a JSON object)."""
+def _parsed(t: Tool, raw: str) -> dict[str, Any]:
+    """The model's JSON arguments (InvalidCall if they are not a JSON object)."""
     try:
         parsed = json.loads(raw) if raw and raw.strip() else {}
     except json.JSONDecodeError as exc:
@@ -189,17 +176,12 @@ def _call_arguments(t: Tool, raw: str) -> tuple[list[Any], dict[str, Any]]:
         ) from None
     if not isinstance(parsed, dict):
         raise InvalidCall(f"{t.name}: the arguments must be a JSON object", tool=t.name)
-    args: list[Any] = []
-    for p in t.params.values():
-        if p.kind is p.POSITIONAL_ONLY and p.name in parsed:
-            args.append(parsed.pop(p.name))
-        elif p.kind is p.VAR_KEYWORD and isinstance(parsed.get(p.name), dict):
-            parsed.update(parsed.pop(p.name))
-    if KEY_PARAM in parsed and t.takes_key:
-        raise InvalidCall(
-            f"{t.name}: {KEY_PARAM} is derived by exactcall and cannot be sent", tool=t.name
-        )
-    return args, parsed
+    return parsed
+
+
+def _hash_of(t: Tool, named: dict[str, Any]) -> str:
+    args, kwargs = split_arguments(t, named)
+    return t.hash(*args, **kwargs)
 
 
 def _result_text(result: Any) -> str:
@@ -235,8 +217,7 @@ def intent_hash(item: ToolApprovalItem) -> str:
     """``exactcall.intent_hash`` of an interruption's call: the hash to show a person, and the
     one :func:`approve` requires."""
     t = _tool_of(item)
-    args, kwargs = _call_arguments(t, item.arguments or "")
-    return t.hash(*args, **kwargs)
+    return _hash_of(t, _parsed(t, item.arguments or ""))
 
 
 def approve(state: RunState[Any], item: ToolApprovalItem, *, args_hash: str) -> None:
@@ -266,9 +247,9 @@ def approve(state: RunState[Any], item: ToolApprovalItem, *, args_hash: str) -> 
     state.approve(item, always_approve=False)
 
 
-def _check_native_approval(t: Tool, call_id: str, args: list[Any], kwargs: dict[str, Any]) -> None:
+def _check_native_approval(t: Tool, call_id: str, named: dict[str, Any]) -> None:
     """Refuse a natively gated call unless :func:`approve` bound its call id to this hash."""
-    actual = t.hash(*args, **kwargs)
+    actual = _hash_of(t, named)
     approved = _bound().pop(call_id, None)
     if approved == actual:
         return

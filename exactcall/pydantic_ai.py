@@ -20,16 +20,19 @@ builds the ``DeferredToolResults`` that resumes it. Where the tool runs, an appr
 only if its hash is the hash of the arguments about to run (``override_args`` included); a plain
 ``True`` carries no hash and releases nothing.
 
+``toolset(..., key=lambda args: f"order-{args['order_id']}")`` names a call's step from its
+arguments instead (see :mod:`exactcall.adapters`): a model that repeats the call repeats no
+effect.
+
 exactcall's refusals (a denied, expired or mismatched approval, a conflict, a definite failure,
-an abandoned call, an unknown outcome with ``on_unknown="raise"``) reach the model as a failed
-tool result (Pydantic AI's ``ToolFailed``): the run goes on and the model reads why.
+an abandoned call: :data:`exactcall.adapters.MODEL_ERRORS`) reach the model as a failed tool
+result (Pydantic AI's ``ToolFailed``): the run goes on and the model reads why. An unknown
+outcome of an ``on_unknown="raise"`` tool fails the run instead.
 """
 
 from __future__ import annotations
 
-import inspect
-import typing
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from exactcall._wire import PYDANTIC_AI_ARGS_HASH as ARGS_HASH
@@ -47,17 +50,23 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "pip install 'exactcall[pydantic-ai]'"
     ) from exc
 
-from ._adapters import MODEL_ERRORS
-from ._canonical import args_hash
-from ._errors import InvalidCall
-from ._tool import KEY_PARAM, Tool, resolve_tool
-from .workflows._call import call_with
+from . import InvalidCall, Tool, args_hash
+from .adapters import (
+    MODEL_ERRORS,
+    KeyOption,
+    call_for_model,
+    key_functions,
+    resolve_tool,
+    schema_function,
+    split_arguments,
+    step_of,
+)
 
 __all__ = ["ARGS_HASH", "ExactcallToolset", "approve", "toolset"]
 
 
 _REFUSALS = tuple(e for e in MODEL_ERRORS if e is not InvalidCall)
-"""Tool errors (see exactcall._adapters); InvalidCall is a ModelRetry instead."""
+"""Tool errors (see exactcall.adapters); InvalidCall is a ModelRetry instead."""
 
 
 def toolset(
@@ -65,6 +74,7 @@ def toolset(
     id: str | None = None,
     requires_approval: bool | Collection[Tool | str] = False,
     max_retries: int = 1,
+    key: KeyOption = None,
 ) -> ExactcallToolset:
     """The toolset to put on ``Agent(toolsets=[...])``: each tool call runs through exactcall.
 
@@ -73,9 +83,13 @@ def toolset(
     until approved with :func:`approve` (Pydantic AI's human-in-the-loop flow; a tool declared
     ``@exactcall.tool(approval=True)`` instead waits inside the run for exactcall's signal).
     ``max_retries``: how often the model may retry a call whose arguments do not fit.
+    ``key``: a function of a call's arguments that names its step (``lambda args:
+    f"order-{args['order_id']}"``), or a mapping of tool to such a function: a model that
+    repeats a call repeats no effect (the same arguments get the first call's result, others
+    an ``IntentConflict``). Without it each call is a new step (``refund#1``, ``refund#2``).
     """
     return ExactcallToolset(
-        tools, id=id, requires_approval=requires_approval, max_retries=max_retries
+        tools, id=id, requires_approval=requires_approval, max_retries=max_retries, key=key
     )
 
 
@@ -94,6 +108,7 @@ class ExactcallToolset(AbstractToolset[Any]):
         id: str | None = None,
         requires_approval: bool | Collection[Tool | str] = False,
         max_retries: int = 1,
+        key: KeyOption = None,
     ) -> None:
         if not tools:
             raise TypeError("exactcall.pydantic_ai.toolset() needs at least one exactcall tool")
@@ -106,6 +121,7 @@ class ExactcallToolset(AbstractToolset[Any]):
         self._id = id
         self._max_retries = max_retries
         self._approval = _approval_names(requires_approval, self._tools)
+        self._keys = key_functions(key, resolved, where="exactcall.pydantic_ai.toolset")
         self._defs = {name: _definition(t, max_retries) for name, t in self._tools.items()}
 
     @property
@@ -140,9 +156,9 @@ class ExactcallToolset(AbstractToolset[Any]):
             check_approval(t, tool_args, ctx.tool_call_metadata)
         elif t.name in self._approval:
             raise ApprovalRequired(metadata=request_metadata(t, tool_args))
-        args, kwargs = _split(t, tool_args)
         try:
-            return await call_with(t, args=args, kwargs=kwargs)
+            step = step_of(t, tool_args, self._keys.get(t.name))
+            return await call_for_model(t, tool_args, step=step)
         except _REFUSALS as err:
             raise PaiToolFailed(f"{err.code}: {err.message}") from err
         except InvalidCall as err:
@@ -222,22 +238,11 @@ def check_approval(t: Tool, tool_args: Mapping[str, Any], metadata: Any) -> None
 
 
 def _canonical(t: Tool, tool_args: Mapping[str, Any]) -> dict[str, Any]:
-    args, kwargs = _split(t, tool_args)
     try:
+        args, kwargs = split_arguments(t, tool_args)
         return t.canonical_args(args, kwargs)
     except InvalidCall as err:
         raise ModelRetry(f"{err.code}: {err.message}") from err
-
-
-def _split(t: Tool, tool_args: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any]]:
-    """Positional-only parameters go by position; everything else by name."""
-    kwargs = dict(tool_args)
-    args = [
-        kwargs.pop(name)
-        for name, p in t.params.items()
-        if p.kind is p.POSITIONAL_ONLY and name in kwargs
-    ]
-    return args, kwargs
 
 
 def _check_hash_format(value: Any) -> None:
@@ -273,34 +278,8 @@ def _approval_names(
 def _definition(t: Tool, max_retries: int) -> PaiTool[Any]:
     """A Pydantic AI tool definition from the exactcall tool's signature and docstring."""
     return PaiTool(
-        _signature_proxy(t),
+        schema_function(t),
         takes_ctx=False,
         name=t.name,
         max_retries=max_retries,
     )
-
-
-def _signature_proxy(t: Tool) -> Callable[..., Any]:
-    """A function with the tool's signature minus ``idempotency_key`` (never called)."""
-
-    def proxy(*args: Any, **kwargs: Any) -> Any:  # pragma: no cover - schema only
-        raise RuntimeError("exactcall tools run through exactcall.call")
-
-    hints = _hints(t.fn)
-    params = list(t.params.values())
-    proxy.__signature__ = inspect.signature(t.fn).replace(parameters=params)  # type: ignore[attr-defined]
-    proxy.__annotations__ = {k: v for k, v in hints.items() if k != KEY_PARAM}
-    proxy.__name__ = t.name
-    proxy.__qualname__ = t.name
-    proxy.__doc__ = inspect.getdoc(t.fn)
-    return proxy
-
-
-def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
-    try:
-        return typing.get_type_hints(fn, include_extras=True)
-    except Exception as exc:
-        raise TypeError(
-            f"exactcall.pydantic_ai: the annotations of {fn.__qualname__} cannot be resolved "
-            f"({exc}); the model needs them for the tool's schema"
-        ) from exc

@@ -75,7 +75,18 @@ async def lg_gated_pay(bank: str, amount: int, to: str, *, idempotency_key: str)
     return await pay_at_bank(bank, amount, to, key=idempotency_key)
 
 
+@exactcall.tool(heartbeat_timeout=FAST)
+async def lg_pay_once(bank: str, amount: int, to: str, *, idempotency_key: str) -> dict[str, Any]:
+    """Pay `amount` to the account `to` (one payment per account: the node's key function)."""
+    return await pay_at_bank(bank, amount, to, key=idempotency_key)
+
+
 TOOLS = (lg_pay, lg_approved_pay, lg_gated_pay)
+
+
+def pay_key(args: dict[str, Any]) -> str:
+    """A business key: one payment per payee, however often the model asks."""
+    return f"pay-to-{args['to']}"
 
 
 # -- the model ------------------------------------------------------------------------------
@@ -125,6 +136,13 @@ async def model(state: AgentState) -> dict[str, Any]:
     return {"messages": [reply]}
 
 
+async def keyed_model(state: AgentState) -> dict[str, Any]:
+    """The model turn of the keyed graph: bound to lg_pay_once."""
+    llm = ScriptedModel(script=state["script"]).bind_tools(xlg.tools(lg_pay_once, key=pay_key))
+    reply = await llm.ainvoke(convert_to_messages(state["messages"]))
+    return {"messages": [reply]}
+
+
 async def route(state: AgentState) -> str:
     last = state["messages"][-1]
     return "tools" if isinstance(last, AIMessage) and last.tool_calls else END
@@ -159,7 +177,16 @@ def graphs() -> dict[str, StateGraph]:
     confirm.add_edge(START, "model")
     confirm.add_conditional_edges("model", route, ["tools", END])
     confirm.add_edge("tools", "model")
-    return {"lg_agent": agent, "lg_confirm": confirm}
+
+    keyed = StateGraph(AgentState)
+    keyed.add_node("model", keyed_model, metadata={"execute_in": "activity"})
+    keyed.add_node(
+        "tools", xlg.tool_node(lg_pay_once, key=pay_key), metadata={"execute_in": "workflow"}
+    )
+    keyed.add_edge(START, "model")
+    keyed.add_conditional_edges("model", route, ["tools", END])
+    keyed.add_edge("tools", "model")
+    return {"lg_agent": agent, "lg_confirm": confirm, "lg_keyed": keyed}
 
 
 def plugins() -> list[Any]:

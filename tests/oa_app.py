@@ -81,10 +81,17 @@ async def oa_pay_then_lose(bank: str, amount: int, to: str) -> dict[str, Any]:
     raise ConnectionResetError("the answer was lost after the payment was sent")
 
 
+def pay_key(args: dict[str, Any]) -> str:
+    """A business key: one payment per payee (the model may ask twice)."""
+    return f"pay-to-{args['to']}"
+
+
 TOOLS = [
     oa.function_tool(oa_pay),
     oa.function_tool(oa_approved_pay),
     oa.function_tool(oa_pay_then_lose),
+    oa.function_tool(oa_pay, name="oa_pay_once", key=pay_key),
+    oa.function_tool(oa_pay, name="oa_pay_badkey", key=lambda args: args["amount"]),
 ]
 
 

@@ -204,6 +204,34 @@ class PaiLosingAgent:
         return (await losing_agent.run(text)).output
 
 
+# -- a toolset with a business key: one payment per payee (issue 21 item 6) ---------------------
+@exactcall.tool(heartbeat_timeout=FAST)
+async def pai_pay_once(bank: str, amount: int, to: str, *, idempotency_key: str) -> dict[str, Any]:
+    """Pay `amount` to the account `to` (one payment per account, whatever the model asks)."""
+    return await pay_at_bank(bank, amount, to, key=idempotency_key)
+
+
+keyed_agent = Agent(
+    FunctionModel(scripted, model_name="pai-scripted"),
+    name="pai_keyed_agent",
+    toolsets=[
+        exactcall.pydantic_ai.toolset(
+            pai_pay_once, key={pai_pay_once: lambda args: f"pay-to-{args['to']}"}
+        )
+    ],
+    capabilities=[TemporalDurability()],
+)
+
+
+@workflow.defn(name="PaiKeyedAgent")
+class PaiKeyedAgent:
+    __pydantic_ai_agents__ = (keyed_agent,)
+
+    @workflow.run
+    async def run(self, text: str) -> str:
+        return (await keyed_agent.run(text)).output
+
+
 def plugins() -> list[Any]:
     """The worker's framework plugin (``exactcall worker --plugin tests.pai_app:plugins``)."""
     return [PydanticAIPlugin()]

@@ -203,6 +203,29 @@ async def test_other_arguments_under_a_step_that_ran_are_a_conflict_the_agent_se
     assert out["answer"].startswith("done. lg_pay:error:")
 
 
+async def test_a_key_function_makes_repeated_calls_one_effect(
+    client: Client, lg_worker: Worker, tq: str, bank: Bank, who: str
+) -> None:
+    # the same payment twice in one turn, again in the next, then the same payee for 99
+    same = pay_call("lg_pay_once", bank.url, 10, who)
+    other = pay_call("lg_pay_once", bank.url, 99, who)
+    handle = await start(client, tq, [[same, same], [same], [other]], graph="lg_keyed")
+    out = await handle.result()
+    assert [p["amount"] for p in bank.store.payments(to=who)] == [10]
+    first, twin, again, conflict = out["tools"]
+    assert [t["status"] for t in out["tools"]] == ["success"] * 3 + ["error"]
+    assert first["content"] == twin["content"] == again["content"]  # one payment's receipt
+    assert conflict["content"].startswith("lg_pay_once error (IntentConflict):")
+    key = exactcall.derive_key("default", handle.id, f"pay-to-{who}", "lg_pay_once", "1")
+    assert {t["exactcall"]["key"] for t in out["tools"]} == {key}
+    assert {t["exactcall"]["step"] for t in out["tools"]} == {f"pay-to-{who}"}
+
+
+def test_a_bad_key_option_is_refused_when_the_node_is_built() -> None:
+    with pytest.raises(TypeError, match=r"tool_node\(key=3\): give a function"):
+        xlg.tool_node(lg_app.lg_pay, key=3)  # type: ignore[arg-type]
+
+
 async def test_a_node_rerun_on_resume_does_not_pay_again(
     client: Client, lg_worker: Worker, tq: str, bank: Bank, who: str
 ) -> None:

@@ -198,7 +198,7 @@ async def test_a_reset_rerun_model_with_new_call_ids_does_not_pay_again(
 async def test_an_unknown_outcome_fails_the_run_and_never_reaches_the_model(
     oa_client: Client, oa_worker: Worker, tq: str, bank: Bank, who: str
 ) -> None:
-    # the one rule of exactcall._adapters: a model told "it failed" would call again (a new
+    # the one rule of exactcall.adapters: a model told "it failed" would call again (a new
     # step, a new key) and may pay twice, so the run fails and the reconciliation goes on
     handle = await start(oa_client, tq, oa_app.script([pay(bank, who, tool="oa_pay_then_lose")]))
     with pytest.raises(WorkflowFailureError) as failed:
@@ -231,6 +231,28 @@ async def test_other_arguments_under_a_step_that_ran_are_a_conflict_the_agent_se
     assert "Nothing was executed" in err["message"]
     assert result["final"] == "noted"  # the run went on
     assert [p["amount"] for p in bank.payments() if p["to_account"] == who] == [10]
+
+
+async def test_a_key_function_makes_a_repeated_call_one_effect(
+    oa_client: Client, oa_worker: Worker, tq: str, bank: Bank, who: str
+) -> None:
+    again = pay(bank, who, 10, tool="oa_pay_once")
+    other = pay(bank, who, 99, tool="oa_pay_once")
+    plan = script([again], [again], [other], [pay(bank, who, 5, tool="oa_pay_badkey")])
+    handle = await start(oa_client, tq, plan)
+    first, repeat, conflict, badkey = outputs(await handle.result())
+    assert repeat == first  # the first call's result: the payment made once
+    assert conflict["error"] == "IntentConflict" and conflict["step"] == f"pay-to-{who}"
+    assert badkey["error"] == "InvalidCall" and "key function returned 5" in badkey["message"]
+    assert [p["amount"] for p in bank.payments() if p["to_account"] == who] == [10]
+    [intent] = await intents(oa_client, handle)
+    assert intent.step == f"pay-to-{who}"
+    assert intent.key == exactcall.derive_key("default", handle.id, intent.step, "oa_pay", "1")
+
+
+def test_a_bad_key_option_is_refused_when_the_tool_is_built() -> None:
+    with pytest.raises(TypeError, match=r"function_tool\(key='to'\): give a function"):
+        oa.function_tool(oa_app.oa_pay, key="to")  # type: ignore[arg-type]
 
 
 async def test_invalid_arguments_from_the_model_are_a_tool_error(

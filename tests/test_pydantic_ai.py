@@ -33,6 +33,7 @@ from tests.conftest import ROOT
 from tests.pai_app import (
     HISTORIES,
     PaiAgent,
+    PaiKeyedAgent,
     PaiLosingAgent,
     pai_approved_pay,
     pai_hitl_pay,
@@ -61,7 +62,7 @@ async def pai_worker(pai_client: Client, tq: str) -> AsyncIterator[None]:
 async def test_an_unknown_outcome_fails_the_run_and_never_reaches_the_model(
     pai_client: Client, tq: str, bank: Bank, who: str
 ) -> None:
-    # the one rule of exactcall._adapters: a model told "it failed" would call again (a new
+    # the one rule of exactcall.adapters: a model told "it failed" would call again (a new
     # step, a new key) and may pay twice, so the run fails and the reconciliation goes on
     async with build_worker(pai_client, tq, [PaiLosingAgent]):
         handle = await pai_client.start_workflow(
@@ -214,6 +215,26 @@ async def test_a_new_run_reuses_the_result_and_other_args_conflict(
     assert paid(bank, who) == [(10, who)]
 
 
+async def test_a_key_function_makes_repeated_calls_one_effect(
+    pai_client: Client, tq: str, bank: Bank, who: str
+) -> None:
+    # one model turn: the same payment twice (in parallel), then the same payee for 99
+    calls = [("pai_pay_once", 10, who), ("pai_pay_once", 10, who), ("pai_pay_once", 99, who)]
+    async with build_worker(pai_client, tq, [PaiKeyedAgent]):
+        handle = await pai_client.start_workflow(
+            PaiKeyedAgent.run,
+            prompt(bank.url, *calls),
+            id=f"pai-keyed-{uuid.uuid4().hex[:8]}",
+            task_queue=tq,
+        )
+        first, repeat, other = without_ids(await handle.result()).splitlines()
+    assert first.startswith("pai_pay_once ok:") and repeat == first
+    assert other.startswith("pai_pay_once failed:") and "IntentConflict" in other
+    assert paid(bank, who) == [(10, who)]
+    key = exactcall.derive_key("default", handle.id, f"pay-to-{who}", "pai_pay_once", "1")
+    assert [p["amount"] for p in bank.payments(idempotency_key=key)] == [10]
+
+
 # -- exactcall's own approval ------------------------------------------------------------------
 async def test_exactcall_approval_waits_is_listed_and_runs_once_with_its_hash(
     pai_client: Client, pai_worker: None, tq: str, bank: Bank, who: str
@@ -362,6 +383,10 @@ def test_bad_toolsets_and_approvals_are_refused_clearly() -> None:
         toolset(pai_pay, requires_approval=["pai_hitl_pay"])
     with pytest.raises(TypeError, match="requires_approval="):
         toolset(pai_pay, requires_approval="pai_pay")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"key=\.\.\.\): 'pai_hitl_pay' is not one of its"):
+        toolset(pai_pay, key={"pai_hitl_pay": lambda args: "k"})
+    with pytest.raises(TypeError, match=r"the key of 'pai_pay' is 'to', not a function"):
+        toolset(pai_pay, key={pai_pay: "to"})  # type: ignore[dict-item]
     from pydantic_ai import DeferredToolRequests, ToolCallPart
 
     call = ToolCallPart("pai_pay", {"bank": "b", "amount": 1, "to": "t"}, tool_call_id="c1")

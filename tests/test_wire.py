@@ -77,3 +77,27 @@ def test_each_wire_name_is_unique_and_the_two_state_queries_are_apart() -> None:
     assert dupes <= {_wire.CANCELLED_SIGNAL}, dupes
     assert _wire.RECORD_STATE_QUERY != _wire.RECONCILE_STATE_QUERY
     assert sorted(_wire.__all__) == _wire.__all__
+
+
+ADAPTERS = ["openai_agents.py", "pydantic_ai.py", "langgraph.py"]
+
+
+def test_the_adapters_import_only_public_names() -> None:
+    # exactcall's public API, the shared exactcall.adapters, and wire names from the contract
+    import exactcall
+    import exactcall.adapters
+
+    for name in ADAPTERS:
+        for node in ast.walk(ast.parse((ROOT / "exactcall" / name).read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            module = "." * node.level + (node.module or "")
+            if node.level == 0 and not module.startswith("exactcall"):
+                continue  # the framework's own modules, the standard library
+            names = {a.name for a in node.names}
+            if module in (".", "exactcall"):
+                assert names <= set(exactcall.__all__), (name, names - set(exactcall.__all__))
+            elif module in (".adapters", "exactcall.adapters"):
+                assert names <= set(exactcall.adapters.__all__), (name, names)
+            else:
+                assert module == "exactcall._wire", (name, module)

@@ -184,7 +184,7 @@ class Cancellation:
         state = view.state if view is not None else None
         mine = (
             state is not None
-            and state.intent.args_hash == a.intent.args_hash
+            and a.same_call(state.intent.args_hash)
             and (state.final or state.owner == a.owner)
         )
         if view is None and (doubt := await a.own_chain_doubt()):

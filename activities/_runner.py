@@ -249,9 +249,10 @@ class Attempt:
                     non_retryable=True,
                 )
             recorded_hash = seen.args_hash
-            if seen.verdict in ("done", "in_doubt") and recorded_hash not in (
-                None,
-                self.intent.args_hash,
+            if (
+                seen.verdict in ("done", "in_doubt")
+                and recorded_hash is not None
+                and not self.same_call(recorded_hash)
             ):
                 raise self._conflict(str(recorded_hash))
             if seen.verdict == "done":
@@ -297,6 +298,18 @@ class Attempt:
         mine = [c for c in chains.get(self.intent.key, []) if c.activity_id == chain_id]
         return next((why for chain in mine if (why := runs.chain_doubt(chain))), "")
 
+    def same_call(self, recorded_hash: str) -> bool:
+        """Whether a hash recorded for this key (maybe by an older deploy of the tool) names
+        this attempt's call: see ``Tool.same_call`` (a parameter added with a default that
+        the call leaves at it keeps the identity, in either direction)."""
+        if recorded_hash == self.intent.args_hash:
+            return True
+        try:  # this intent's args as the tool binds them now (an older intent gains defaults)
+            now = self.tool.canonical_args((), self.intent.args)
+        except ExactcallError:
+            now = dict(self.intent.args)
+        return self.tool.same_call(recorded_hash, now)
+
     def _conflict(self, recorded_hash: str) -> IntentConflict:
         self.log.warning("tool.conflict", recorded_hash=recorded_hash)
         return IntentConflict(
@@ -309,7 +322,7 @@ class Attempt:
 
     async def _by_record(self, view: RecordView) -> Any:
         state = view.state
-        if state.intent.args_hash != self.intent.args_hash:
+        if not self.same_call(state.intent.args_hash):
             raise self._conflict(state.intent.args_hash)
         if state.final:
             return self.recorded(view)

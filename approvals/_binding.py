@@ -156,6 +156,9 @@ class _Open:
     request: ApprovalRequest
     approvers: frozenset[str] | None
     requester_may_approve: bool
+    older_hashes: frozenset[str] = frozenset()
+    """Hashes the same call had before its tool gained parameters it leaves at their defaults
+    (``Tool.older_hashes``): a decision made before such a deploy still names this call."""
     state: Literal["pending", "approved", "denied", "expired", "cancelled"] = "pending"
     reasons: list[str] = field(default_factory=list)
     decided_at: datetime | None = None
@@ -178,10 +181,11 @@ class ApprovalBook:
         approvers: frozenset[str] | None,
         requester_may_approve: bool,
         now: datetime,
+        older_hashes: frozenset[str] = frozenset(),
     ) -> None:
-        self.open[req.step] = _Open(req, approvers, requester_may_approve)
+        self.open[req.step] = _Open(req, approvers, requester_may_approve, older_hashes)
         for pre in list(self.preapprovals):
-            if self._preapproval_fits(pre, req):
+            if self._preapproval_fits(pre, req, older_hashes):
                 self.preapprovals.remove(pre)
                 self._apply(self.open[req.step], pre, now, consumed_preapproval=True)
                 break
@@ -248,7 +252,7 @@ class ApprovalBook:
         if now > req.expires_at:
             self.expire(req.step, now)
             return self._record(d, False, "expired", now)
-        if d.args_hash != req.args_hash:
+        if d.args_hash != req.args_hash and d.args_hash not in o.older_hashes:
             return self._record(
                 d, False, f"hash mismatch: the pending call's args hash is {req.args_hash}", now
             )
@@ -289,8 +293,8 @@ class ApprovalBook:
         return None
 
     @staticmethod
-    def _preapproval_fits(pre: Decision, req: ApprovalRequest) -> bool:
-        if pre.args_hash != req.args_hash:
+    def _preapproval_fits(pre: Decision, req: ApprovalRequest, older: frozenset[str]) -> bool:
+        if pre.args_hash != req.args_hash and pre.args_hash not in older:
             return False
         if pre.step is not None:
             return pre.step == req.step

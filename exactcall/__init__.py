@@ -17,6 +17,7 @@ from ._canonical import args_hash, canonical_json, derive_key, to_json_value
 from ._context import current_intent, idempotency_headers, idempotency_key
 from ._errors import (
     AmbiguousOutcome,
+    ArgumentsNoLongerFit,
     ArgumentsTooLarge,
     ExactcallError,
     IntentConflict,
@@ -41,6 +42,7 @@ __all__ = [
     "ApprovalDenied",
     "ApprovalExpired",
     "ApprovalMissing",
+    "ArgumentsNoLongerFit",
     "ArgumentsTooLarge",
     "CallAbandoned",
     "ExactcallError",

@@ -364,6 +364,8 @@ async def _replay(ns: argparse.Namespace) -> int:
             print(f"{'ok  ' if r.ok else 'FAIL'} {r.path} ({r.workflow_id}, {r.calls} calls)")
             for problem in r.problems:
                 print(f"     {problem}")
+            for note in r.notes:
+                print(f"     note: {note}")
     return 0 if all(r.ok for r in reports) else 1
 
 

@@ -96,6 +96,17 @@ class NotExecuted(ExactcallError):
         super().__init__(message, non_retryable=not retry, **fields)
 
 
+class ArgumentsNoLongerFit(NotExecuted):
+    """A call recorded by an older deploy of its tool cannot be bound to the tool's current
+    signature (a parameter added without a default, a renamed one, a value its annotation now
+    refuses). Raised before the tool runs, never retried: nothing was executed."""
+
+    code = "ArgumentsNoLongerFit"
+
+    def __init__(self, message: str, **fields: Any) -> None:
+        super().__init__(message, retry=False, **fields)
+
+
 class ToolFailed(ExactcallError):
     """The tool failed definitely (it did not happen) and the retry policy gave up."""
 

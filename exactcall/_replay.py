@@ -48,6 +48,8 @@ class ReplayReport:
     ok: bool = True
     problems: list[str] = field(default_factory=list)
     calls: int = 0
+    notes: list[str] = field(default_factory=list)
+    """What changed without changing a call's identity (a parameter added with a default)."""
 
 
 def load_history(path: str | Path) -> WorkflowHistory:
@@ -192,7 +194,7 @@ async def replay_histories(
         if result.replay_failure is not None:
             report.ok = False
             report.problems.append(f"nondeterminism: {result.replay_failure}")
-        report.problems += _drift(recorded, list(_SEEN))
+        report.problems += _drift(recorded, list(_SEEN), report.notes)
         report.ok = report.ok and not report.problems
         reports.append(report)
     return reports
@@ -214,18 +216,67 @@ def _converter(plugins: Sequence[Any]) -> DataConverter:
     return conv
 
 
-def _drift(recorded: list[Intent], replayed: list[Intent]) -> list[str]:
+def _drift(recorded: list[Intent], replayed: list[Intent], notes: list[str]) -> list[str]:
     problems = []
     for i, (old, new) in enumerate(zip(recorded, replayed, strict=False)):
-        for name in ("tool", "step", "args_hash", "key"):
+        where = f"call {i + 1} ({old.tool} {old.step})"
+        for name in ("tool", "step", "key"):
             before, after = getattr(old, name), getattr(new, name)
             if before != after:
                 problems.append(
-                    f"intent drift at call {i + 1} ({old.tool} {old.step}): {name} was "
-                    f"{before!r}, the current code gives {after!r}"
+                    f"intent drift at {where}: {name} was {before!r}, the current code gives "
+                    f"{after!r}"
                 )
+        if old.args_hash == new.args_hash or old.tool != new.tool:
+            continue
+        if _same_call(old, new):
+            added = [f"{k}={_shown(v)}" for k, v in new.args.items() if k not in old.args]
+            notes.append(
+                f"{where}: the tool gained {', '.join(added)}, which the call leaves at the "
+                "default, so it is the same call (its recorded result, approval and key hold)"
+            )
+            continue
+        changes = _arg_changes(old.args, new.args)
+        problems.append(
+            f"intent drift at {where}: {'; '.join(changes)} (args hash {old.args_hash[:12]} "
+            f"recorded, {new.args_hash[:12]} now): a run that reaches this call again (a "
+            "reset, a re-run) gets IntentConflict. Keep the old arguments for runs started "
+            "before the change (workflow.patched) or drain them; only a parameter added with a "
+            "default keeps a call's identity"
+        )
     if len(replayed) < len(recorded) and not problems:
         problems.append(
             f"the current code scheduled {len(replayed)} of the {len(recorded)} recorded calls"
         )
     return problems
+
+
+def _same_call(old: Intent, new: Intent) -> bool:
+    from ._errors import UnknownTool
+    from ._tool import get_tool
+
+    try:
+        t = get_tool(new.tool)
+    except UnknownTool:  # the replayed code's tool is not registered here: hashes alone
+        return False
+    return t.same_call(old.args_hash, new.args)
+
+
+def _arg_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Each argument that differs, ``name: old -> new`` (``(absent)`` where one lacks it)."""
+    out = []
+    for name in [*old, *(k for k in new if k not in old)]:
+        before, after = old.get(name, _ABSENT), new.get(name, _ABSENT)
+        if before != after:
+            out.append(f"{name}: {_shown(before)} -> {_shown(after)}")
+    return out
+
+
+_ABSENT = object()
+
+
+def _shown(value: Any) -> str:
+    if value is _ABSENT:
+        return "(absent)"
+    text = json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= 80 else text[:77] + "..."

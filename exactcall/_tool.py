@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,7 +23,13 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 from ._canonical import JsonValue, args_hash, canonical_json, to_json_value
-from ._errors import ArgumentsTooLarge, ExactcallError, InvalidCall, UnknownTool
+from ._errors import (
+    ArgumentsNoLongerFit,
+    ArgumentsTooLarge,
+    ExactcallError,
+    InvalidCall,
+    UnknownTool,
+)
 
 if typing.TYPE_CHECKING:
     from ._model import Intent
@@ -42,6 +49,8 @@ log = structlog.get_logger("exactcall")
 DEFAULT_MAX_ARGS_BYTES = 256 * 1024
 DEFAULT_APPROVAL_TIMEOUT = timedelta(hours=24)
 KEY_PARAM = "idempotency_key"
+_MAX_ADDED = 8
+"""Parameters at their default that Tool.older_hashes considers added (2**8 hashes at most)."""
 
 DEFAULT_RETRY_POLICY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
@@ -107,6 +116,7 @@ class Tool:
     _adapters: dict[str, pydantic.TypeAdapter[Any]] = field(
         init=False, repr=False, default_factory=dict
     )
+    _defaults: dict[str, JsonValue] | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
         sig = inspect.signature(self.fn)
@@ -260,17 +270,41 @@ class Tool:
         return adapter
 
     def arguments_for_call(self, canonical: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any]]:
-        """Validated positional and keyword arguments for the function, from canonical args."""
+        """Validated positional and keyword arguments for the function, from canonical args.
+
+        Canonical args recorded by an older deploy may lack a parameter added since: one with
+        a default gets it from Python (the same call, see :meth:`same_call`); one without is
+        :class:`ArgumentsNoLongerFit`, raised before anything runs, as is a recorded value
+        that the parameter's annotation now refuses."""
         positional: list[Any] = []
         keywords: dict[str, Any] = {}
         declared = self.params
         for name, param in declared.items():
             if param.kind is param.VAR_KEYWORD:
                 continue
+            if name not in canonical:
+                if param.default is not param.empty and param.kind is not param.POSITIONAL_ONLY:
+                    continue
+                raise ArgumentsNoLongerFit(
+                    f"{self.name}: the call's recorded arguments have no {name!r}, which the "
+                    "tool now requires (a parameter added without a default, or renamed); "
+                    "nothing was executed. Give the new parameter a default, so calls recorded "
+                    "before the change keep running",
+                    tool=self.name,
+                    argument=name,
+                )
             value = canonical[name]
             adapter = self._adapter(name)
             if adapter is not None:
-                value = adapter.validate_python(value)
+                try:
+                    value = adapter.validate_python(value)
+                except pydantic.ValidationError as exc:
+                    raise ArgumentsNoLongerFit(
+                        f"{self.name}: the call's recorded {name}={value!r} no longer fits the "
+                        f"parameter's annotation ({_short(exc)}); nothing was executed",
+                        tool=self.name,
+                        argument=name,
+                    ) from None
             if param.kind is param.POSITIONAL_ONLY:
                 positional.append(value)
             else:
@@ -283,6 +317,48 @@ class Tool:
     def hash(self, *args: Any, **kwargs: Any) -> str:
         """``exactcall.intent_hash`` of a call of this tool."""
         return args_hash(self.name, self.canonical_args(args, kwargs))
+
+    # -- identity across a deploy ------------------------------------------------------------
+    def same_call(self, recorded_hash: str | None, canonical: Mapping[str, Any]) -> bool:
+        """Whether ``recorded_hash``, recorded for a call of this tool (by this code or an
+        older one), names the call whose canonical arguments are ``canonical``.
+
+        The rule: a call keeps its identity when its arguments are the same, or when the
+        signature only gained parameters that the call leaves at their defaults (the older
+        code recorded the call without them, and Python gives them their defaults). Anything
+        else is another call: a value that differs, a parameter removed or renamed, or a
+        default that changed under a parameter the call had."""
+        if not isinstance(recorded_hash, str):
+            return False
+        if recorded_hash == args_hash(self.name, canonical):
+            return True
+        return recorded_hash in self.older_hashes(canonical)
+
+    def older_hashes(self, canonical: Mapping[str, Any]) -> frozenset[str]:
+        """The hashes this call had under older signatures that lacked some of the parameters
+        it leaves at their defaults (empty when it leaves none at a default)."""
+        at_default = [k for k, v in self._canonical_defaults().items() if canonical.get(k) == v]
+        at_default = [k for k in at_default if k in canonical][:_MAX_ADDED]
+        out = set()
+        for n in range(1, len(at_default) + 1):
+            for dropped in itertools.combinations(at_default, n):
+                rest = {k: v for k, v in canonical.items() if k not in dropped}
+                out.add(args_hash(self.name, rest))
+        return frozenset(out)
+
+    def _canonical_defaults(self) -> dict[str, JsonValue]:
+        """Each named parameter with a default: its default as canonical JSON (cached)."""
+        if self._defaults is None:
+            defaults: dict[str, JsonValue] = {}
+            for name, p in self.params.items():
+                if p.default is p.empty or p.kind is p.VAR_KEYWORD:
+                    continue
+                try:
+                    defaults[name] = self._canonical_value(name, p.default, name)
+                except ExactcallError:
+                    continue  # a default that is not JSON (a sentinel) is never "left at it"
+            self._defaults = defaults
+        return self._defaults
 
 
 def _type_hints(fn: Callable[..., Any], tool_name: str) -> dict[str, Any]:

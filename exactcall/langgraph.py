@@ -129,7 +129,7 @@ def _error_text(t: Tool, err: ExactcallError) -> str:
     return f"{t.name} error ({err.code}): {err.message}"
 
 
-def _decision_refusal(call: Mapping[str, Any], decision: Any) -> str | None:
+def _decision_refusal(t: Tool, call: Mapping[str, Any], decision: Any) -> str | None:
     """Why an interrupt's resume value does not approve this exact call (None: it does)."""
     where = f"{call['tool']} {call['step']}"
     if decision is _NO_DECISION:
@@ -147,7 +147,7 @@ def _decision_refusal(call: Mapping[str, Any], decision: Any) -> str | None:
         reason = decision.get("reason") or "no reason given"
         by = f" by {decision['by']}" if decision.get("by") else ""
         return f"{where} was denied{by}: {reason}. Nothing ran."
-    if decision.get("args_hash") != call["args_hash"]:
+    if not t.same_call(decision.get("args_hash"), call["args"]):
         return (
             f"{where}: the approval is for args hash {decision.get('args_hash')!r}, but the "
             f"call has {call['args_hash']} (hash mismatch). Nothing ran."
@@ -175,7 +175,7 @@ async def run_call(
     fields = {k: call[k] for k in ("step", "key", "args_hash")}
     if gated:
         decision = (_DECISIONS.get() or {}).get(tool_call_id or "", _NO_DECISION)
-        refusal = _decision_refusal(call, decision)
+        refusal = _decision_refusal(t, call, decision)
         if refusal is not None:
             workflow.logger.warning("exactcall approval.rejected (langgraph): %s", refusal)
             return refusal, fields, False

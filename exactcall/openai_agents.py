@@ -232,8 +232,11 @@ def approve(state: RunState[Any], item: ToolApprovalItem, *, args_hash: str) -> 
         )
     if not item.call_id:
         raise InvalidCall(f"{item.tool_name}: the interruption has no call id", tool=item.tool_name)
-    expected = intent_hash(item)
-    if args_hash != expected:
+    t = _tool_of(item)
+    named = _parsed(t, item.arguments or "")
+    expected = _hash_of(t, named)
+    args, kwargs = split_arguments(t, named)
+    if not t.same_call(args_hash, t.canonical_args(args, kwargs)):
         raise ApprovalMismatch(
             f"{item.tool_name} call {item.call_id}: the approval is for args hash {args_hash}, "
             f"but the call's arguments hash to {expected}; it was not approved and stays "

@@ -228,8 +228,9 @@ def check_approval(t: Tool, tool_args: Mapping[str, Any], metadata: Any) -> None
             "True releases nothing for an exactcall tool); approve with "
             "exactcall.pydantic_ai.approve(requests, tool_call_id, args_hash=...). Nothing ran"
         )
-    actual = args_hash(t.name, _canonical(t, tool_args))
-    if granted != actual:
+    canonical = _canonical(t, tool_args)
+    actual = args_hash(t.name, canonical)
+    if not t.same_call(granted, canonical):
         raise PaiToolFailed(
             f"ApprovalMissing: the approval of {t.name} is for args hash {granted}, but the "
             f"arguments about to run hash to {actual} (override_args change the hash: approve "

@@ -74,7 +74,7 @@ async def test_exactcall_replay_catches_intent_drift_that_temporal_replay_misses
     await plain.replay_workflow(history)  # Temporal's own replay does not see the change
     [report] = await replay_histories([HISTORIES / "plain_call.json"], [AgentPaysOneMore])
     assert not report.ok
-    assert any("args_hash" in p and "pay#1" in p for p in report.problems), report.problems
+    assert any("amount: 10 -> 11" in p and "pay#1" in p for p in report.problems), report.problems
     [good] = await replay_histories([HISTORIES / "plain_call.json"], [Agent])
     assert good.ok and good.calls == 3 and good.namespace == "default"
 

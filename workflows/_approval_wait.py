@@ -37,7 +37,8 @@ async def wait_for_approval(t: Tool, intent: Intent) -> ApprovalGrant:
         requested_by=workflow.memo_value(REQUESTED_BY_MEMO, None, type_hint=str | None),
         approvals_needed=t.options.min_approvals,
     )
-    st.book.request(req, t.options.approvers, t.options.requester_may_approve, now)
+    older = t.older_hashes(intent.args)
+    st.book.request(req, t.options.approvers, t.options.requester_may_approve, now, older)
     st.publish_pending()
     show_pending(st)
     workflow.logger.info(

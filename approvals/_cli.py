@@ -85,10 +85,14 @@ async def _list(client: Client, as_json: bool) -> int:
     if not reqs:
         print("No calls are waiting for approval.")
         return EXIT_OK
-    print(f"{'WORKFLOW':<28} {'STEP':<18} {'TOOL':<14} {'HASH':<14} EXPIRES")
+    # columns as wide as their longest value (a framework approval's step is TOOL@CALL_ID)
+    w = max(28, *(len(r.workflow_id) for r in reqs))
+    st = max(18, *(len(r.step) for r in reqs))
+    tl = max(14, *(len(r.tool) for r in reqs))
+    print(f"{'WORKFLOW':<{w}} {'STEP':<{st}} {'TOOL':<{tl}} {'HASH':<14} EXPIRES")
     for r in reqs:
         print(
-            f"{r.workflow_id:<28} {r.step:<18} {r.tool:<14} {r.args_hash[:12]:<14} "
+            f"{r.workflow_id:<{w}} {r.step:<{st}} {r.tool:<{tl}} {r.args_hash[:12]:<14} "
             f"{r.expires_at:%Y-%m-%d %H:%M:%S}Z"
         )
         print(f"    args {json.dumps(r.args, sort_keys=True)}")

@@ -21,6 +21,10 @@ these:
 * **How a model's named arguments become a call** (:func:`split_arguments`): positional-only
   parameters by position, a ``**kwargs`` parameter sent as an object spread into it, and
   ``idempotency_key`` refused (exactcall derives it).
+* **A person's answer to the framework's own approval** (:func:`ask_a_person`): an
+  interruption of the framework's human-in-the-loop becomes a request in exactcall's
+  approvals, bound to the call's hash: ``exactcall approvals list`` shows it and ``exactcall
+  approvals approve`` (or ``deny``) answers it, like any exactcall approval.
 * **Which step, so which key, a call has** (:func:`step_of`, :func:`planned_intent`): the
   tool's next ordinal in the run (``refund#1``, ``refund#2``), the path ``exactcall.call``
   takes without ``key=``; or, with a key function, the step the function names from the
@@ -37,10 +41,11 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any, TypeAlias
 
 from ._errors import ExactcallError, IntentConflict, InvalidCall, ToolFailed, register_error
-from ._model import Intent
+from ._model import ApprovalGrant, Intent
 from ._tool import KEY_PARAM, Tool, resolve_tool
 from ._verdicts import CallAbandoned
 from .approvals._binding import ApprovalDenied, ApprovalExpired, ApprovalMissing
+from .workflows._approval_wait import wait_for_approval
 from .workflows._call import call_with, intent_of
 from .workflows._state import state
 
@@ -49,6 +54,8 @@ __all__ = [
     "MODEL_ERRORS",
     "KeyFunction",
     "KeyOption",
+    "approval_step",
+    "ask_a_person",
     "call_for_model",
     "key_functions",
     "next_step",
@@ -200,3 +207,21 @@ async def call_for_model(t: Tool, named: Mapping[str, Any], *, step: str | None 
     ``step`` (from :func:`step_of`, or None for the tool's next ordinal)."""
     args, kwargs = split_arguments(t, named)
     return await call_with(t, args=args, kwargs=kwargs, key=step)
+
+
+# -- the framework's own approvals, in exactcall's ----------------------------------------------
+def approval_step(t: Tool, call_id: str) -> str:
+    """The step under which a framework's approval of call ``call_id`` is listed."""
+    return f"{t.name}@{call_id}"
+
+
+async def ask_a_person(t: Tool, named: Mapping[str, Any], call_id: str) -> ApprovalGrant:
+    """Wait, in the workflow, for a person's decision on the framework's approval of the
+    model's call ``call_id`` of ``t`` with these arguments: listed by ``exactcall approvals
+    list`` (step ``TOOL@CALL_ID``, with the exact arguments and their hash), answered by
+    ``exactcall approvals approve/deny``. Approved for exactly this hash: the grant (whose
+    ``args_hash`` the framework's own approve then checks); denied or expired:
+    ``ApprovalDenied`` / ``ApprovalExpired``, nothing runs. The tool's ``approvers``,
+    ``min_approvals``, ``approval_timeout`` and signing rules apply."""
+    intent = planned_intent(t, named, approval_step(t, call_id))
+    return await wait_for_approval(t, intent)

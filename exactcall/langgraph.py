@@ -30,6 +30,7 @@ with a text that says what happened, so the graph continues.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import inspect
 import json
@@ -56,11 +57,12 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         f"exactcall.langgraph needs LangGraph ({exc}): pip install 'exactcall[langgraph]'"
     ) from exc
 
-from . import ExactcallError, InvalidCall, Tool
+from . import ApprovalDenied, ApprovalExpired, ExactcallError, InvalidCall, Tool
 from .adapters import (
     MODEL_ERRORS,
     KeyFunction,
     KeyOption,
+    ask_a_person,
     call_for_model,
     key_functions,
     next_step,
@@ -75,6 +77,7 @@ __all__ = [
     "ExactcallTool",
     "approval_requests",
     "approve",
+    "decide",
     "deny",
     "tool_node",
     "tools",
@@ -413,3 +416,39 @@ def approval_requests(interrupts: Iterable[Any]) -> list[dict[str, Any]]:
         if isinstance(value, Mapping) and value.get("type") == APPROVAL_INTERRUPT:
             out.append(dict(value))
     return out
+
+
+async def decide(interrupts: Iterable[Any]) -> Command:
+    """Ask exactcall's approvals about each exactcall approval among a graph result's
+    interrupts (``(await app.ainvoke(..., version="v2")).interrupts``), and return the
+    Command that resumes them all (``await app.ainvoke(await decide(out.interrupts),
+    config, version="v2")``). In the workflow.
+
+    Each call waits as ``exactcall approvals list`` shows it (step ``TOOL@TOOL_CALL_ID``, its
+    arguments and hash; LangGraph raises a node's interrupts one at a time, so a turn's calls
+    are asked one after the other, and none of them runs before all are answered);
+    ``exactcall approvals approve`` resumes it with :func:`approve` of that hash, ``deny``
+    or the tool's ``approval_timeout`` with :func:`deny` and the reason the model then reads.
+    Other interrupts are not answered: give them to the graph yourself (this raises if there
+    are any, as a resume must answer all)."""
+    pending = list(interrupts)
+    ours = [i for i in pending if approval_requests([i])]
+    others = [i for i in pending if i not in ours]
+    if others:
+        raise ExactcallError(
+            f"exactcall.langgraph.decide: {len(others)} of the interrupts are not exactcall "
+            "approvals; answer them with your own Command(resume={id: value, ...})"
+        )
+
+    async def one(i: Any) -> dict[str, Any]:
+        value = i.value
+        t = resolve_tool(value["tool"])
+        try:
+            grant = await ask_a_person(t, value["args"], value["tool_call_id"])
+        except (ApprovalDenied, ApprovalExpired) as err:
+            return _decision(False, None, None, f"{err.code}: {err.message}")
+        by = ", ".join(grant.approved_by) or None
+        return _decision(True, grant.args_hash, by, None)
+
+    answers = await asyncio.gather(*(one(i) for i in ours))
+    return Command(resume={i.id: a for i, a in zip(ours, answers, strict=True)})

@@ -19,6 +19,7 @@ anywhere; :func:`approve` and the tool's invocation run inside the workflow.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 import json
@@ -41,10 +42,11 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "pip install 'exactcall[openai-agents]'"
     ) from exc
 
-from . import ApprovalMissing, ExactcallError, InvalidCall, Tool
+from . import ApprovalDenied, ApprovalExpired, ApprovalMissing, ExactcallError, InvalidCall, Tool
 from .adapters import (
     MODEL_ERRORS,
     KeyFunction,
+    ask_a_person,
     call_for_model,
     key_functions,
     register_error,
@@ -54,7 +56,7 @@ from .adapters import (
     step_of,
 )
 
-__all__ = ["ApprovalMismatch", "approve", "function_tool", "intent_hash"]
+__all__ = ["ApprovalMismatch", "approve", "decide", "function_tool", "intent_hash"]
 
 NeedsApproval = bool | Callable[[RunContextWrapper[Any], dict[str, Any], str], Awaitable[bool]]
 
@@ -248,6 +250,37 @@ def approve(state: RunState[Any], item: ToolApprovalItem, *, args_hash: str) -> 
         )
     _bound()[item.call_id] = expected
     state.approve(item, always_approve=False)
+
+
+async def decide(result: Any) -> RunState[Any]:
+    """Ask exactcall's approvals about each interruption of an exactcall tool in ``result``
+    (a run that stopped for ``needs_approval``), and return the run state with every answer
+    applied, for ``Runner.run(agent, state)``. In the workflow.
+
+    Each call waits, all at once, as ``exactcall approvals list`` shows it (step
+    ``TOOL@CALL_ID``, its arguments and hash); ``exactcall approvals approve`` approves it
+    through :func:`approve` (bound to the hash), ``deny`` or the tool's ``approval_timeout``
+    rejects it with the reason the model then reads. Interruptions of other tools are left
+    pending in the state, for the workflow to decide."""
+    state = result.to_state()
+    items = [i for i in result.interruptions if _exactcall_item(i)]
+
+    async def one(item: ToolApprovalItem) -> None:
+        t = _tool_of(item)
+        try:
+            grant = await ask_a_person(t, _parsed(t, item.arguments or ""), item.call_id)
+        except (ApprovalDenied, ApprovalExpired) as err:
+            state.reject(item, rejection_message=f"{err.code}: {err.message}")
+            return
+        approve(state, item, args_hash=grant.args_hash)
+
+    await asyncio.gather(*(one(i) for i in items))
+    return state
+
+
+def _exactcall_item(item: ToolApprovalItem) -> bool:
+    tools = getattr(item.agent, "tools", None) or []
+    return any(isinstance(c, _ExactcallFunctionTool) and c.name == item.tool_name for c in tools)
 
 
 def _check_native_approval(t: Tool, call_id: str, named: dict[str, Any]) -> None:

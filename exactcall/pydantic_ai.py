@@ -32,13 +32,14 @@ outcome of an ``on_unknown="raise"`` tool fails the run instead.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from exactcall._wire import PYDANTIC_AI_ARGS_HASH as ARGS_HASH
 
 try:
-    from pydantic_ai import DeferredToolRequests, DeferredToolResults, ToolApproved
+    from pydantic_ai import DeferredToolRequests, DeferredToolResults, ToolApproved, ToolDenied
     from pydantic_ai import Tool as PaiTool
     from pydantic_ai.exceptions import ApprovalRequired, ModelRetry
     from pydantic_ai.exceptions import ToolFailed as PaiToolFailed
@@ -50,10 +51,11 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "pip install 'exactcall[pydantic-ai]'"
     ) from exc
 
-from . import InvalidCall, Tool, args_hash
+from . import ApprovalDenied, ApprovalExpired, InvalidCall, Tool, args_hash
 from .adapters import (
     MODEL_ERRORS,
     KeyOption,
+    ask_a_person,
     call_for_model,
     key_functions,
     resolve_tool,
@@ -62,7 +64,7 @@ from .adapters import (
     step_of,
 )
 
-__all__ = ["ARGS_HASH", "ExactcallToolset", "approve", "toolset"]
+__all__ = ["ARGS_HASH", "ExactcallToolset", "approve", "decide", "toolset"]
 
 
 _REFUSALS = tuple(e for e in MODEL_ERRORS if e is not InvalidCall)
@@ -206,6 +208,39 @@ def approve(
     approved = dict(override_args) if override_args is not None else None
     out.approvals[tool_call_id] = ToolApproved(override_args=approved)
     out.metadata[tool_call_id] = {**out.metadata.get(tool_call_id, {}), ARGS_HASH: args_hash}
+    return out
+
+
+async def decide(
+    requests: DeferredToolRequests, results: DeferredToolResults | None = None
+) -> DeferredToolResults:
+    """Ask exactcall's approvals about each deferred call of an exactcall toolset in
+    ``requests``, and return the results that resume the run
+    (``agent.run(message_history=..., deferred_tool_results=...)``). In the workflow.
+
+    Each call waits, all at once, as ``exactcall approvals list`` shows it (step
+    ``TOOL@TOOL_CALL_ID``, its arguments and hash); ``exactcall approvals approve`` approves
+    it through :func:`approve` (bound to the hash); ``deny`` or the tool's
+    ``approval_timeout`` answers ``ToolDenied`` with the reason the model then reads. Calls
+    without exactcall's metadata (another toolset's) are left out of the results, for the
+    workflow to decide."""
+    out = results if results is not None else DeferredToolResults()
+
+    async def one(call: Any, meta: Mapping[str, Any]) -> None:
+        t = resolve_tool(meta["exactcall_tool"])
+        try:
+            grant = await ask_a_person(t, meta["exactcall_args"], call.tool_call_id)
+        except (ApprovalDenied, ApprovalExpired) as err:
+            out.approvals[call.tool_call_id] = ToolDenied(f"{err.code}: {err.message}")
+            return
+        approve(requests, call.tool_call_id, args_hash=grant.args_hash, results=out)
+
+    asked = []
+    for call in requests.approvals:
+        meta = requests.metadata.get(call.tool_call_id) or {}
+        if ARGS_HASH in meta and "exactcall_tool" in meta:
+            asked.append(one(call, meta))
+    await asyncio.gather(*asked)
     return out
 
 

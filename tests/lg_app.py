@@ -229,6 +229,9 @@ class LgAgent:
         start = {"messages": [HumanMessage("pay as scripted")], "script": req["script"]}
         out = await app.ainvoke(start, config, version="v2")
         while out.interrupts:
+            if req.get("decide"):  # answered from exactcall's approvals
+                out = await app.ainvoke(await xlg.decide(out.interrupts), config, version="v2")
+                continue
             self._waiting = list(out.interrupts)
             await workflow.wait_condition(lambda: bool(self._resumes))
             self._waiting = []

@@ -263,6 +263,20 @@ class OaNativeHitl:
                 self.rejected.append(err.message)
 
 
+@workflow.defn(name="OaDecided")
+class OaDecided:
+    """The SDK's own human-in-the-loop, answered from exactcall's approvals (oa.decide): the
+    interruptions are listed by ``exactcall approvals list`` and decided by ``approve``."""
+
+    @workflow.run
+    async def run(self, plan: dict[str, Any]) -> dict[str, Any]:
+        agent = Agent(name="payer", instructions="Pay as asked.", tools=list(NATIVE_TOOLS))
+        result = await Runner.run(agent, json.dumps(plan))
+        while result.interruptions:
+            result = await Runner.run(agent, await oa.decide(result))
+        return json.loads(result.final_output)
+
+
 # -- stored history --------------------------------------------------------------------------
 async def _regenerate() -> None:
     """Run one agent (two parallel payments, then a second turn) and store its history."""

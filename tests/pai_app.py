@@ -177,6 +177,24 @@ class PaiAgent:
         self._results = results
 
 
+@workflow.defn(name="PaiDecided")
+class PaiDecided:
+    """Deferred approvals answered from exactcall's approvals (exactcall.pydantic_ai.decide):
+    listed by ``exactcall approvals list``, decided by ``exactcall approvals approve``."""
+
+    __pydantic_ai_agents__ = (agent,)
+
+    @workflow.run
+    async def run(self, text: str) -> str:
+        result = await agent.run(text)
+        while isinstance(result.output, DeferredToolRequests):
+            decided = await exactcall.pydantic_ai.decide(result.output)
+            result = await agent.run(
+                message_history=result.all_messages(), deferred_tool_results=decided
+            )
+        return result.output
+
+
 # -- an agent whose one tool raises its unknown outcome (the adapters' one rule) ----------------
 @exactcall.tool(on_unknown="raise", heartbeat_timeout=FAST)
 async def pai_pay_then_lose(

@@ -342,6 +342,42 @@ async def test_a_gated_call_the_model_gave_no_id_does_not_run(
     assert "needs approval (interrupt_on), but the model's tool call has no id" in t["content"]
 
 
+async def test_interrupt_approvals_are_listed_and_answered_by_exactcall_approvals(
+    client: Client, lg_worker: Worker, tq: str, bank: Bank, who: str
+) -> None:
+    yes, no = f"{who}-yes", f"{who}-no"
+    turn = [pay_call("lg_gated_pay", bank.url, 10, yes), pay_call("lg_gated_pay", bank.url, 20, no)]
+    handle = await client.start_workflow(
+        LgAgent.run,
+        {"script": [turn], "decide": True},
+        id=f"lg-decided-{uuid.uuid4().hex[:8]}",
+        task_queue=tq,
+    )
+
+    async def pending_for(to: str) -> Any:
+        reqs = (await approvals.view(client, handle.id)).pending
+        return next((r for r in reqs if r.args["to"] == to), None)
+
+    # LangGraph raises a node's interrupts one at a time: the first call's, then the next one
+    first = await eventually(lambda: pending_for(yes))
+    assert first.step.startswith("lg_gated_pay@")
+    h = exactcall.intent_hash(lg_app.lg_gated_pay, bank=bank.url, amount=10, to=yes)
+    assert first.args_hash == h
+    other = exactcall.intent_hash(lg_app.lg_gated_pay, bank=bank.url, amount=20, to=no)
+    wrong = await approvals.approve(client, handle.id, first.step, args_hash=other, by="ops")
+    assert not wrong.accepted
+    await approvals.approve(client, handle.id, first.step, args_hash=h, by="ops")
+    second = await eventually(lambda: pending_for(no))
+    assert second.args_hash == other and bank.count(to=yes) == 0  # the turn runs after both
+    await approvals.deny(client, handle.id, second.step, args_hash=other, reason="not today")
+    out = await handle.result()
+    assert bank.count(to=yes) == 1 and bank.count(to=no) == 0
+    by_to = {t["exactcall"]["args_hash"]: t for t in out["tools"]}
+    assert by_to[h]["status"] == "success"
+    denied = by_to[other]
+    assert denied["status"] == "error" and "not today" in denied["content"]
+
+
 def test_resume_values_are_built_by_approve_and_deny() -> None:
     assert xlg.approve("ab12", by="ops").resume == {
         "approve": True,

@@ -30,7 +30,7 @@ from exactcall.demo.bank import Bank
 from exactcall.quickstart import openai_agents as quickstart
 from exactcall.testing import WorkerProcess, assert_replays
 from tests import oa_app
-from tests.oa_app import OaAgent, OaNativeHitl, script
+from tests.oa_app import OaAgent, OaDecided, OaNativeHitl, script
 from tests.test_runs import reset_to_first_task
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,7 +46,7 @@ async def oa_client(server: DevServer) -> Client:
 
 @pytest.fixture
 async def oa_worker(oa_client: Client, tq: str) -> AsyncIterator[Worker]:
-    async with build_worker(oa_client, tq, [OaAgent, OaNativeHitl]) as w:
+    async with build_worker(oa_client, tq, [OaAgent, OaNativeHitl, OaDecided]) as w:
         yield w
 
 
@@ -379,6 +379,40 @@ async def test_native_rejection_is_what_the_agent_sees(
     await handle.signal(OaNativeHitl.decide, {"call_id": item["call_id"], "decision": "deny"})
     assert outputs(await handle.result()) == ["a person denied this payment"]
     assert bank.count(to=who) == 0
+
+
+async def test_native_approvals_are_listed_and_answered_by_exactcall_approvals(
+    oa_client: Client, oa_worker: Worker, tq: str, bank: Bank, who: str
+) -> None:
+    # two calls need a person (needs_approval=True): both listed at once, one approved with
+    # its hash, one denied; a wrong hash is refused and leaves the call pending
+    yes, no = f"{who}-yes", f"{who}-no"
+    handle = await start(
+        oa_client, tq, script([pay(bank, yes), pay(bank, no)], final="ok"), wf=OaDecided.run
+    )
+
+    async def both() -> list[Any]:
+        return (await approvals.view(oa_client, handle.id)).pending
+
+    reqs = {r.args["to"]: r for r in await eventually(both, lambda rs: len(rs) == 2)}
+    assert reqs[yes].step.startswith("oa_pay@") and reqs[yes].tool == "oa_pay"
+    assert reqs[yes].args_hash == exactcall.intent_hash(oa_app.oa_pay, bank.url, 10, yes)
+    wrong = await approvals.approve(
+        oa_client, handle.id, reqs[yes].step, args_hash=reqs[no].args_hash, by="ops"
+    )
+    assert not wrong.accepted and bank.count(to=yes) == 0
+    ok = await approvals.approve(
+        oa_client, handle.id, reqs[yes].step, args_hash=reqs[yes].args_hash, by="ops"
+    )
+    assert ok.accepted
+    await approvals.deny(
+        oa_client, handle.id, reqs[no].step, args_hash=reqs[no].args_hash, reason="not today"
+    )
+    result = await handle.result()
+    paid, refused = outputs(result)
+    assert paid["to"] == yes and bank.count(to=yes) == 1
+    assert "ApprovalDenied" in str(refused) and "not today" in str(refused)
+    assert bank.count(to=no) == 0
 
 
 async def test_approve_outside_a_workflow_is_refused_clearly() -> None:

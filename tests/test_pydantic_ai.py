@@ -33,6 +33,7 @@ from tests.conftest import ROOT
 from tests.pai_app import (
     HISTORIES,
     PaiAgent,
+    PaiDecided,
     PaiKeyedAgent,
     PaiLosingAgent,
     pai_approved_pay,
@@ -302,6 +303,40 @@ async def test_deferred_approval_with_the_hash_runs_once_and_the_resume_repeats_
     text = await handle.result()
     assert text.splitlines()[1].startswith("pai_hitl_pay ok:")
     assert paid(bank, who) == [(10, who), (20, who)]  # resumed: pai_pay was not paid again
+
+
+async def test_deferred_approvals_are_listed_and_answered_by_exactcall_approvals(
+    pai_client: Client, tq: str, bank: Bank, who: str
+) -> None:
+    yes, no = f"{who}-yes", f"{who}-no"
+    text = prompt(bank.url, ("pai_hitl_pay", 10, yes), ("pai_hitl_pay", 20, no))
+    async with build_worker(pai_client, tq, [PaiDecided]):
+        handle = await pai_client.start_workflow(
+            PaiDecided.run, text, id=f"pai-decided-{uuid.uuid4().hex[:8]}", task_queue=tq
+        )
+
+        async def both() -> list[Any] | None:
+            pending = (await approvals.view(pai_client, handle.id)).pending
+            return pending if len(pending) == 2 else None
+
+        reqs = {r.args["to"]: r for r in await eventually(both)}
+        assert reqs[yes].step.startswith("pai_hitl_pay@")
+        assert reqs[yes].args_hash == exactcall.intent_hash(pai_hitl_pay, bank.url, 10, yes)
+        wrong = await approvals.approve(
+            pai_client, handle.id, reqs[yes].step, args_hash=reqs[no].args_hash, by="ops"
+        )
+        assert not wrong.accepted
+        await approvals.approve(
+            pai_client, handle.id, reqs[yes].step, args_hash=reqs[yes].args_hash, by="ops"
+        )
+        await approvals.deny(
+            pai_client, handle.id, reqs[no].step, args_hash=reqs[no].args_hash, reason="no"
+        )
+        answer = without_ids(await handle.result())
+    assert paid(bank, yes) == [(10, yes)] and paid(bank, no) == []
+    ok, denied = answer.splitlines()
+    assert ok.startswith("pai_hitl_pay ok:")
+    assert "ApprovalDenied" in denied, denied
 
 
 @pytest.mark.parametrize("how", ["plain True", "forged hash", "override, stale hash"])

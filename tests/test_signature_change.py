@@ -136,10 +136,13 @@ async def test_an_approval_given_for_the_old_hash_still_runs_the_call_once(
     assert result["amount"] == 5 and bank.count(to=order) == 1
     # and another call's hash is still refused: the binding did not loosen
     wid2 = f"sig-{uuid.uuid4().hex[:8]}"
-    await refund(client, exactcall_task_queue, wid2, approved=True, **{**args, "amount": 6})
+    h2 = await refund(client, exactcall_task_queue, wid2, approved=True, **{**args, "amount": 6})
     req2 = await _pending(client, wid2)
     res2 = await approvals.approve(client, wid2, req2.step, args_hash=seen, by="ops")
     assert not res2.accepted and "hash mismatch" in (res2.record.outcome if res2.record else "")
+    # deny it, so nothing is left pending in the namespace (other tests list pending calls)
+    await approvals.deny(client, wid2, req2.step, args_hash=req2.args_hash, reason="test over")
+    assert (await h2.result())["error"] == "ApprovalDenied"
     assert bank.count(to=order) == 1
 
 

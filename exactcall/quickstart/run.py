@@ -214,6 +214,13 @@ class Quickstart:
             wp.stop()
 
 
+AFTER_THE_CRASH = """
+exactcall's pay declares reconcile=find_payment (a probe that asks the bank for the call's
+key) and heartbeat_timeout=2s: after the kill the probe finds the payment, so the run finishes
+by itself. A tool with neither a probe nor provider_idempotent=True would wait for a person
+instead (`exactcall unresolved`, `exactcall resolve`): never a blind re-send."""
+
+
 async def run_quickstart(
     only: Sequence[str] = (), *, as_json: bool = False, out: TextIO | None = None
 ) -> int:
@@ -250,6 +257,7 @@ async def run_quickstart(
         missing = [fw for fw in chosen if not fw.installed]
         for fw in missing:
             print(f"  {fw.name:<18} not installed: pip install 'exactcall[{fw.extra}]'", file=out)
+        print(AFTER_THE_CRASH, file=out)
         print(f"\nfinished in {time.monotonic() - began:.1f} s", file=out)
     return 0 if all(r.ok for r in results) else 1
 

@@ -37,7 +37,7 @@ from exactcall.workflows import CallRecord, Reconcile
 
 from ._converter import ModelsAsPydantic, models_as_pydantic
 from ._errors import ExactcallError
-from ._tool import Tool, registered_tools
+from ._tool import Tool, registered_tools, same_names
 from ._verdicts import UNRESOLVED_ATTRIBUTE
 from .approvals._binding import PENDING_ATTRIBUTE, ed25519_verifier, unsigned_identity_warnings
 from .workflows._state import WorkflowConfig, inbound_class
@@ -122,10 +122,18 @@ class Plugin(SimplePlugin):
         the README's upgrade notes)."""
         self._run_claims = run_claims
         self._tools = list(tools) if tools is not None else None
+        clash = same_names(self._tools or [])
+        if clash:
+            raise ValueError(
+                f"exactcall.Plugin(tools=[...]) lists two tools of one name: {_named(clash)}. "
+                "One worker runs one tool per name (it is the activity name): give each app's "
+                "worker its own Plugin(tools=[...])"
+            )
         self._mcp = _mcp_pool(mcp_servers) if mcp_servers else None
         config = WorkflowConfig(
             verifier=ed25519_verifier(approver_keys) if approver_keys else None,
             search_attributes=search_attributes,
+            tools=tuple(self._tools) if self._tools is not None else None,
         )
         self.workflow_config = config
         self._worker_client: Client | None = None
@@ -191,6 +199,13 @@ class Plugin(SimplePlugin):
         return super().configure_replayer(config)
 
     def configure_worker(self, config: WorkerConfig) -> WorkerConfig:
+        clash = same_names(self.tools)
+        if clash:
+            raise ExactcallError(
+                f"this process defines two exactcall tools of one name: {_named(clash)}. "
+                "exactcall.Plugin() would put both on this worker (a tool's name is its "
+                "activity name): list this worker's tools with exactcall.Plugin(tools=[...])"
+            )
         self._parts = _parts_for(config, bool(self.tools))
         if not (self._parts.tools or self._parts.workflows):
             return super().configure_worker(config)  # interceptor only: it adds nothing
@@ -208,6 +223,10 @@ class Plugin(SimplePlugin):
             # crashed call that long; a value the user chose is kept
             config["sticky_queue_schedule_to_start_timeout"] = STICKY_TIMEOUT
         return super().configure_worker(config)
+
+
+def _named(clash: Mapping[str, list[str]]) -> str:
+    return "; ".join(f"{n!r} ({' and '.join(origins)})" for n, origins in clash.items())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,7 @@ and, after validation on the worker, handed to the function.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import itertools
@@ -418,17 +419,24 @@ def _short(exc: pydantic.ValidationError) -> str:
 
 # -- registry --------------------------------------------------------------------------------
 _REGISTRY: dict[str, Tool] = {}
+"""The first definition of each tool name in this process."""
+_SAME_NAME: dict[str, dict[str, Tool]] = {}
+"""name -> origin -> tool, for names that two apps of one process define (each worker then
+lists its own with ``Plugin(tools=[...])``)."""
+
+TOOL_SCOPE: contextvars.ContextVar[Mapping[str, Tool] | None] = contextvars.ContextVar(
+    "exactcall_tool_scope", default=None
+)
+"""The tools of the worker running this workflow task, by name, when its plugin lists them
+(``Plugin(tools=[...])``): a tool named by a string resolves to the worker's own."""
 
 
 def _register(t: Tool) -> None:
     existing = _REGISTRY.get(t.name)
-    if existing is not None and _origin(existing) != _origin(t):
-        raise ValueError(
-            f"two exactcall tools are named {t.name!r}: {_origin(existing)} and {_origin(t)}; "
-            "give one of them another name= (tool names are activity names)"
-        )
     if existing is None:
         _REGISTRY[t.name] = t
+    elif _origin(existing) != _origin(t):  # the same origin: a module imported again
+        _SAME_NAME.setdefault(t.name, {_origin(existing): existing}).setdefault(_origin(t), t)
 
 
 def _origin(t: Tool) -> str:
@@ -436,11 +444,36 @@ def _origin(t: Tool) -> str:
 
 
 def registered_tools() -> list[Tool]:
-    """Every tool defined so far in this process, by name."""
-    return [_REGISTRY[k] for k in sorted(_REGISTRY)]
+    """Every tool defined so far in this process, by name (a name that two apps define
+    appears once per definition)."""
+    out = []
+    for name in sorted(_REGISTRY):
+        out += list(_SAME_NAME[name].values()) if name in _SAME_NAME else [_REGISTRY[name]]
+    return out
+
+
+def same_names(tools: Sequence[Tool]) -> dict[str, list[str]]:
+    """Names that more than one of ``tools`` has: name -> the origins (module.function)."""
+    by_name: dict[str, list[Tool]] = {}
+    for t in tools:
+        group = by_name.setdefault(t.name, [])
+        if all(other is not t for other in group):
+            group.append(t)
+    return {n: sorted(_origin(t) for t in g) for n, g in by_name.items() if len(g) > 1}
 
 
 def get_tool(name: str) -> Tool:
+    scope = TOOL_SCOPE.get()
+    if scope is not None and name in scope:
+        return scope[name]
+    if name in _SAME_NAME:
+        origins = " and ".join(sorted(_SAME_NAME[name]))
+        raise UnknownTool(
+            f"two exactcall tools are named {name!r} ({origins}), so the name alone does not "
+            "say which one: pass the tool object instead of its name, or list each worker's "
+            "tools with exactcall.Plugin(tools=[...]), which makes a name mean that worker's",
+            tool=name,
+        )
     try:
         return _REGISTRY[name]
     except KeyError:

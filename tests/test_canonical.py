@@ -144,13 +144,6 @@ def test_derived_key_depends_on_namespace_workflow_step_tool_version_only() -> N
     )
 
 
-def test_tool_names_must_be_unique() -> None:
-    with pytest.raises(ValueError, match="two exactcall tools are named 'canon_pay'"):
-
-        @exactcall.tool(name="canon_pay")
-        def other(x: int) -> None: ...
-
-
 def test_star_args_are_refused_at_declaration() -> None:
     with pytest.raises(TypeError, match=r"\*rest is not supported"):
 

@@ -9,7 +9,7 @@ Deterministic workflow code only.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +29,7 @@ from temporalio.worker import (
 
 from exactcall._errors import PluginNotInstalled
 from exactcall._model import Intent
+from exactcall._tool import TOOL_SCOPE, Tool
 from exactcall._wire import CANCEL_PATCH as CANCEL_PATCH
 from exactcall._wire import CARRY_HEADER as CARRY_HEADER
 from exactcall._wire import SEARCH_ATTRIBUTES_OFF_PATCH as SEARCH_ATTRIBUTES_OFF_PATCH
@@ -67,6 +68,9 @@ class WorkflowConfig:
 
     verifier: Verifier | None = None
     search_attributes: bool = True
+    tools: tuple[Tool, ...] | None = None
+    """The worker's tools when its plugin lists them (``Plugin(tools=[...])``): a tool named
+    by a string resolves to one of these (see ``exactcall._tool.TOOL_SCOPE``)."""
 
 
 @dataclass
@@ -250,13 +254,20 @@ class _Inbound(WorkflowInboundInterceptor):
     """One per workflow run: holds the run's exactcall state once it has one."""
 
     config: WorkflowConfig = WorkflowConfig()
+    scope: Mapping[str, Tool] | None = None
+
+    def _enter(self) -> None:
+        """In the task about to run workflow code (main, signal or update handler)."""
+        _CURRENT.set(self)
+        if self.scope is not None:
+            TOOL_SCOPE.set(self.scope)
 
     def init(self, outbound: WorkflowOutboundInterceptor) -> None:
         self.state: WorkflowState | None = None
         super().init(_Outbound(outbound, self))
 
     async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
-        _CURRENT.set(self)  # in the main task's own context
+        self._enter()  # in the main task's own context
         try:
             return await super().execute_workflow(input)
         except BaseException as err:
@@ -267,11 +278,11 @@ class _Inbound(WorkflowInboundInterceptor):
             raise
 
     async def handle_signal(self, input: HandleSignalInput) -> None:
-        _CURRENT.set(self)  # a handler runs in a task of its own
+        self._enter()  # a handler runs in a task of its own
         return await super().handle_signal(input)
 
     async def handle_update_handler(self, input: HandleUpdateInput) -> Any:
-        _CURRENT.set(self)
+        self._enter()
         return await super().handle_update_handler(input)
 
 
@@ -291,4 +302,5 @@ class _Outbound(WorkflowOutboundInterceptor):
 
 
 def inbound_class(config: WorkflowConfig) -> type[WorkflowInboundInterceptor]:
-    return type("ExactcallWorkflowInbound", (_Inbound,), {"config": config})
+    scope = None if config.tools is None else {t.name: t for t in config.tools}
+    return type("ExactcallWorkflowInbound", (_Inbound,), {"config": config, "scope": scope})

@@ -19,10 +19,13 @@ EXIT_SENT = EXIT_QUEUED  # sent, applied later: neither accepted nor refused
 
 
 def add_parsers(sub: Any, connection_args: Any) -> None:
-    u = sub.add_parser("unresolved", help="calls whose outcome is unknown, parked for a person")
+    u = sub.add_parser("unresolved", help="calls whose outcome is unknown, waiting for a person")
     u.add_argument("--json", action="store_true")
     connection_args(u)
-    r = sub.add_parser("resolve", help="settle a parked call")
+    r = sub.add_parser(
+        "resolve",
+        help="give the verdict on an unresolved call (an unknown outcome waiting for a person)",
+    )
     r.add_argument("workflow")
     r.add_argument("step")
     verdict = r.add_mutually_exclusive_group(required=True)
@@ -91,7 +94,10 @@ async def _resolve(ns: argparse.Namespace, client: Client) -> int:
     try:
         row = await find(client, ns.workflow, ns.step)
     except LookupError as exc:
-        print(f"exactcall: {exc} (already settled, or not parked yet)", file=sys.stderr)
+        print(
+            f"exactcall: {exc} (it has a verdict already, or is not waiting for a person yet)",
+            file=sys.stderr,
+        )
         return EXIT_REFUSED
     verdict = "landed" if ns.landed else "not_landed" if ns.not_landed else "abandon"
     what = {

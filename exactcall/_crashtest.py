@@ -175,7 +175,7 @@ class _Run:
                         row.step,
                         "abandon",
                         by="crashtest",
-                        reason="crashtest: parked calls are abandoned to finish the run",
+                        reason="crashtest: unresolved calls are abandoned to finish the run",
                     )
 
     async def _judge(self, out: Outcome) -> None:
@@ -228,7 +228,7 @@ def _final(result: asyncio.Future[Any], abandoned: Collection[str] = ()) -> str:
     if exc is not None:
         if abandoned and _abandoned(exc):
             # the crashtest abandoned the parked call itself, to let the run end
-            return f"ended by the crashtest's abandon of parked {', '.join(sorted(abandoned))}"
+            return f"ended by the crashtest's abandon of unresolved {', '.join(sorted(abandoned))}"
         return f"failed: {type(exc).__name__}"
     value = result.result()
     if isinstance(value, list) and all(isinstance(v, dict) for v in value):

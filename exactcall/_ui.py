@@ -224,7 +224,7 @@ def parked_details(intent: Intent, reason: str, since: datetime, cancelled: bool
     )
     head = "\n".join(
         [
-            f"{PENDING_MARK}parked: the outcome of `{intent.tool} {intent.step}` is unknown",
+            f"{PENDING_MARK}unresolved: the outcome of `{intent.tool} {intent.step}` is unknown",
             "",
             f"- **why** {reason}",
             f"- **workflow** `{intent.workflow_id}`",
@@ -232,7 +232,7 @@ def parked_details(intent: Intent, reason: str, since: datetime, cancelled: bool
             f"- **args hash** `{intent.args_hash}`",
             f"- **idempotency key** `{intent.key}`",
             "",
-            "Check the destination for an effect under that key, then settle it:",
+            "Check the destination for an effect under that key, then resolve it:",
             "",
             _sh(landed),
             "it happened: the call returns that result (as the tool would have; `null` for none);",

@@ -72,7 +72,7 @@ async def find(client: Client, workflow_id: str, step: str) -> UnresolvedCall:
     for row in await list_unresolved(client):
         if row.workflow_id == workflow_id and row.step == step:
             return row
-    raise LookupError(f"no parked call {step!r} in workflow {workflow_id!r}")
+    raise LookupError(f"no unresolved call {step!r} in workflow {workflow_id!r}")
 
 
 async def state(client: Client, reconcile_workflow_id: str) -> ReconcileState:

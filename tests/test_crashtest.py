@@ -172,7 +172,9 @@ def test_an_agent_failed_by_the_crashtests_own_abandon_says_so() -> None:
             WorkflowFailureError(cause=ApplicationError("abandoned", type="CallAbandoned"))
         )
         other.set_exception(WorkflowFailureError(cause=ApplicationError("boom", type="KeyError")))
-        assert _final(abandoned, {"pay#1"}) == "ended by the crashtest's abandon of parked pay#1"
+        assert (
+            _final(abandoned, {"pay#1"}) == "ended by the crashtest's abandon of unresolved pay#1"
+        )
         assert _final(other, {"pay#1"}) == "failed: WorkflowFailureError"
         assert _final(abandoned, ()) == "failed: WorkflowFailureError"  # it abandoned nothing
     finally:

@@ -21,12 +21,12 @@ ROWS = {
     "plain Temporal activity": (2, "paid twice"),
     "exactcall (bank dedupes the key)": (1, "done: re-sent with the same key"),
     "exactcall (crash inside, with a probe)": (1, "reconciled: landed by the probe"),
-    "exactcall (crash inside, no probe)": (1, "unknown: not re-sent, parked"),
+    "exactcall (crash inside, no probe)": (1, "unknown: not re-sent, unresolved"),
     "exactcall (approval of exact args)": (1, "the approved call paid"),
 }
 PARKED = re.compile(
-    r"^\s+parked; `exactcall resolve (exactcall-demo-parked-\S+) pay_no_key#1 "
-    r"--landed --result JSON\|--not-landed\|--abandon` settles it$",
+    r"^\s+unresolved; `exactcall resolve (exactcall-demo-parked-\S+) pay_no_key#1 "
+    r"--landed --result JSON\|--not-landed\|--abandon` resolves it$",
     re.MULTILINE,
 )
 APPROVAL = (
@@ -78,7 +78,7 @@ async def test_demo_starts_the_embedded_server() -> None:
     assert code == 0, out
     assert "No Temporal server at 127.0.0.1:1: started the embedded one on 127.0.0.1:" in out
     assert_table(out)
-    assert "(it ends with the embedded server; on yours it stays parked)" in out
+    assert "(it ends with the embedded server; on yours it stays unresolved)" in out
 
 
 async def test_demo_uses_a_running_server(server: DevServer) -> None:

@@ -172,7 +172,7 @@ class Outcome:
         if sc.key == "probe":
             return "reconciled: landed by the probe, not re-sent"
         if sc.key == "parked":
-            return "unknown: not re-sent, parked for a person"
+            return "unknown: not re-sent, unresolved (waits for a person)"
         if sc.key == "approval":
             return "the approved call paid; the changed one was rejected, then denied"
         return str(self.status)
@@ -464,10 +464,11 @@ class Demo:
         row = rows[0]
         outcome.status = "parked"
         outcome.lines.append(
-            f"parked; `exactcall resolve {row.workflow_id} {row.step} {RESOLVE_FLAGS}` settles it"
+            f"unresolved; `exactcall resolve {row.workflow_id} {row.step} {RESOLVE_FLAGS}` "
+            "resolves it"
         )
         if self.target.embedded:
-            outcome.lines.append("(it ends with the embedded server; on yours it stays parked)")
+            outcome.lines.append("(it ends with the embedded server; on yours it stays unresolved)")
         else:
             outcome.lines.append(
                 f"(a worker must serve it: exactcall worker --task-queue {task_queue} "

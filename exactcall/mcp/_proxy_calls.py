@@ -304,7 +304,7 @@ class Caller:
             text = (
                 f"outcome unknown: {self.server}.{call.tool} may or may not have run (the proxy "
                 "or the server stopped during the call). It is not sent again. `exactcall "
-                f"unresolved{flags}` lists it; settle it with: exactcall resolve {o.workflow_id} "
+                f"unresolved{flags}` lists it; resolve it with: exactcall resolve {o.workflow_id} "
                 f"{o.step} --landed [--result JSON] | --not-landed | --abandon{flags}. "
                 f"({o.message})"
             )

@@ -146,7 +146,7 @@ class Attempt:
             return await self._invoke(beat_phase="read_only")
         if self.settling:
             return await self.cancel.settle()
-        return await self._settle()
+        return await self._decide()
 
     def unchanged_details(self) -> dict[str, Any]:
         """Liveness heartbeats while deciding must not erase what earlier attempts wrote."""
@@ -156,16 +156,16 @@ class Attempt:
         return {"phase": None}
 
     # -- deciding -------------------------------------------------------------------------
-    async def _settle(self) -> Any:
+    async def _decide(self) -> Any:
         maybe_crash("before_claim", self.intent.tool, self.info.attempt, self.intent.step)
         if self.previous_phase == "done":
             return await self._finish_recording()
         if self.in_reconciliation:  # a re-run by the reconciliation: its record says it all
-            return await self._settle_by_record()
+            return await self._decide_by_record()
         if not self.run_claims:  # per-call records; the run's claim names no run
             client = activity.client()
             await runs.claimant(client, self.intent, self.owner.run_id, fast=False)
-            return await self._settle_by_record()
+            return await self._decide_by_record()
         # the run's claim (cached after the run's first call), with this chain's first
         # pre-call heartbeat in the same round trip; a provider-idempotent tool's first
         # attempt needs none
@@ -268,9 +268,9 @@ class Attempt:
                     chain = Owner(run_id=holder, activity_id=self.owner.activity_id)
                     view = self._calling_view(chain, seen.scheduled_at)
                 return await self._maybe_called(view, why=seen.why)
-        return await self._settle_by_record()
+        return await self._decide_by_record()
 
-    async def _settle_by_record(self) -> Any:
+    async def _decide_by_record(self) -> Any:
         """The per-call record protocol: claim the key's record, or follow what it says."""
         if await self._claim_and_beat():
             return await self._call(beat=False)

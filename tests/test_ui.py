@@ -189,9 +189,12 @@ async def test_a_parked_reconciliation_shows_why_and_how_to_resolve_it(
     h = await start_agent(client, tq, plan(step("ui_lost_pay", bank.url, 3, who)))
     key = exactcall.derive_key("default", h.id, "ui_lost_pay#1", "ui_lost_pay", "1")
     rec = client.get_workflow_handle(reconciliation.reconcile_id(key))
-    text = await eventually(lambda: details(rec), lambda d: "unresolved: the outcome" in d, timeout=30)
+    text = await eventually(
+        lambda: details(rec), lambda d: "unresolved: the outcome" in d, timeout=30
+    )
     args_hash = exactcall.intent_hash("ui_lost_pay", bank.url, 3, who)
-    assert "### exactcall: unresolved: the outcome of `ui_lost_pay ui_lost_pay#1` is unknown" in text
+    head = "### exactcall: unresolved: the outcome of `ui_lost_pay ui_lost_pay#1` is unknown"
+    assert head in text
     assert "ConnectionResetError" in text and f"`{key}`" in text and f"`{args_hash}`" in text
     for verdict in ("--landed", "--not-landed", "--abandon"):
         assert f"exactcall resolve {h.id} ui_lost_pay#1 {verdict}" in joined(text)

@@ -193,7 +193,7 @@ async def _join(flight: Flight) -> Any:
     except asyncio.CancelledError:
         if flight.waiters == 1 and not flight.task.done() and cancellation_reaches_calls():
             flight.cancel()
-            await flight.settled()
+            await flight.finished()
         raise
     finally:
         flight.waiters -= 1

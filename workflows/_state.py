@@ -100,7 +100,7 @@ class Flight:
         if self.interruptible:
             self.task.cancel()
 
-    async def settled(self) -> None:
+    async def finished(self) -> None:
         """Wait until the flight ended, whatever its outcome (never cancels it)."""
         await asyncio.wait([self.task])
         if not self.task.cancelled():
@@ -118,7 +118,7 @@ class WorkflowState:
     one explicit key are one activity (its id is derived from the key)."""
     published: bool = False
     settled: dict[str, Any] = field(default_factory=dict)
-    """Verdicts that joined reconciliations signalled, by key (see ``_settle``)."""
+    """Verdicts that joined reconciliations signalled, by key (see ``_joined`` in _call.py)."""
     search_attributes_choice: bool | None = None
     """This run's pinned choice (see SEARCH_ATTRIBUTES_ON_PATCH), once made."""
 
@@ -141,7 +141,7 @@ class WorkflowState:
         for f in left:
             f.cancel()
         for f in left:
-            await f.settled()
+            await f.finished()
 
     def publish_pending(self) -> None:
         """Mirror pending approvals into the memo and the search attribute (for listing)."""

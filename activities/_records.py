@@ -208,7 +208,7 @@ class Record:
         if not holder:
             return None
         seen = await runs.claimant_call(self._client, wid, holder, self._intent.key)
-        if seen.verdict in ("absent", "not_called", "open") or seen.intent is None:
+        if seen.status in ("absent", "not_called", "open") or seen.intent is None:
             return None
         try:
             intent = Intent.model_validate(seen.intent)
@@ -216,7 +216,7 @@ class Record:
             intent = self._intent
         owner = Owner(run_id=holder, activity_id=seen.activity_id)
         state = RecordState(intent=intent, phase="calling", owner=owner, reason=seen.why or None)
-        if seen.verdict == "done":
+        if seen.status == "done":
             done = RecordEvent(kind="done", owner=owner, attempt=0, result=seen.result)
             state = state.apply(done)
         since = seen.scheduled_at or datetime.now(UTC)

@@ -238,7 +238,7 @@ class Attempt:
             seen = await runs.claimant_call(
                 activity.client(), self.intent.workflow_id, holder, self.intent.key
             )
-            if seen.verdict == "open":
+            if seen.status == "open":
                 # the claimant is open, so this attempt's own run has closed (one open run
                 # per id): the claimant owns the call now; this stale attempt calls nothing
                 raise ApplicationError(
@@ -250,16 +250,16 @@ class Attempt:
                 )
             recorded_hash = seen.args_hash
             if (
-                seen.verdict in ("done", "in_doubt")
+                seen.status in ("done", "in_doubt")
                 and recorded_hash is not None
                 and not self.same_call(recorded_hash)
             ):
                 raise self._conflict(str(recorded_hash))
-            if seen.verdict == "done":
+            if seen.status == "done":
                 self.deduplicated = True
                 self.log.info("tool.deduplicated", recorded_by=holder)
                 return seen.result
-            if seen.verdict == "in_doubt":
+            if seen.status == "in_doubt":
                 async with self.keepalive(self.unchanged_details(), via_worker=False):
                     view = await self.record.read(claimant=False)
                 if view is not None and view.state.final:

@@ -183,7 +183,7 @@ async def holder(client: Client, workflow_id: str) -> str | None:
 class ClaimantCall:
     """What the claimant run did about one key."""
 
-    verdict: str = "absent"
+    status: str = "absent"
     """``absent`` (never scheduled there), ``not_called`` (scheduled, never called),
     ``done`` (completed: ``result``), ``in_doubt`` (an attempt may have called the tool),
     or ``open`` (the claimant run is still open: this attempt belongs to a closed run)."""
@@ -246,10 +246,10 @@ async def claimant_call(client: Client, workflow_id: str, run_id: str, key: str)
     )
     if view.open:
         _claimant_calls.pop(cache_key, None)  # not final yet
-        return ClaimantCall(verdict="open", why="the claimant run is still open")
+        return ClaimantCall(status="open", why="the claimant run is still open")
     if view.gone:
         return ClaimantCall(
-            verdict="in_doubt", why="its history is gone (the namespace's retention)"
+            status="in_doubt", why="its history is gone (the namespace's retention)"
         )
     chains = view.chains.get(key, [])
     if not chains:
@@ -263,14 +263,14 @@ async def claimant_call(client: Client, workflow_id: str, run_id: str, key: str)
     )
     for chain in chains:
         if chain.done:
-            out.verdict, out.result, out.activity_id = "done", chain.result, chain.activity_id
+            out.status, out.result, out.activity_id = "done", chain.result, chain.activity_id
             return out
     for chain in chains:
         why = chain_doubt(chain, view.pending.get(chain.activity_id))
         if why:
-            out.verdict, out.why = "in_doubt", why
+            out.status, out.why = "in_doubt", why
             return out
-    out.verdict = "not_called"
+    out.status = "not_called"
     return out
 
 

@@ -82,16 +82,16 @@ def show_pending(st: WorkflowState) -> None:
 
 def _outcome(t: Tool, intent: Intent, req: ApprovalRequest) -> ApprovalGrant:
     book = state().book
-    verdict = book.state(intent.step)
+    decided = book.state(intent.step)
     fields = {
         "tool": t.name,
         "step": intent.step,
         "args_hash": intent.args_hash,
         "workflow_id": intent.workflow_id,
     }
-    if verdict == "approved":
+    if decided == "approved":
         return book.grant(intent.step)
-    if verdict == "denied":
+    if decided == "denied":
         reason = book.open[intent.step].reasons[-1]
         raise ApprovalDenied(f"{t.name} {intent.step} was denied: {reason}", **fields)
     raise ApprovalExpired(

@@ -229,11 +229,13 @@ async def decide(
     async def one(call: Any, meta: Mapping[str, Any]) -> None:
         t = resolve_tool(meta["exactcall_tool"])
         try:
-            grant = await ask_a_person(t, meta["exactcall_args"], call.tool_call_id)
+            await ask_a_person(t, meta["exactcall_args"], call.tool_call_id)
         except (ApprovalDenied, ApprovalExpired) as err:
             out.approvals[call.tool_call_id] = ToolDenied(f"{err.code}: {err.message}")
             return
-        approve(requests, call.tool_call_id, args_hash=grant.args_hash, results=out)
+        # approved for exactly this call (the book took its hash, or the same call's hash
+        # under an older signature: Tool.same_call); the request's own hash releases it
+        approve(requests, call.tool_call_id, args_hash=meta[ARGS_HASH], results=out)
 
     asked = []
     for call in requests.approvals:

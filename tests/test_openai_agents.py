@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -382,7 +383,7 @@ async def test_native_rejection_is_what_the_agent_sees(
 
 
 async def test_native_approvals_are_listed_and_answered_by_exactcall_approvals(
-    oa_client: Client, oa_worker: Worker, tq: str, bank: Bank, who: str
+    server: DevServer, oa_client: Client, oa_worker: Worker, tq: str, bank: Bank, who: str
 ) -> None:
     # two calls need a person (needs_approval=True): both listed at once, one approved with
     # its hash, one denied; a wrong hash is refused and leaves the call pending
@@ -397,6 +398,17 @@ async def test_native_approvals_are_listed_and_answered_by_exactcall_approvals(
     reqs = {r.args["to"]: r for r in await eventually(both, lambda rs: len(rs) == 2)}
     assert reqs[yes].step.startswith("oa_pay@") and reqs[yes].tool == "oa_pay"
     assert reqs[yes].args_hash == exactcall.intent_hash(oa_app.oa_pay, bank.url, 10, yes)
+
+    async def listed_by_the_cli() -> list[dict[str, Any]]:  # visibility: eventually
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "exactcall", "approvals", "list", "--json",
+            "--address", server.address, cwd=ROOT, stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, _ = await proc.communicate()
+        return [r for r in json.loads(out) if r["workflow_id"] == handle.id]
+
+    rows = await eventually(listed_by_the_cli, lambda rows: len(rows) == 2)
+    assert {r["step"] for r in rows} == {reqs[yes].step, reqs[no].step}
     wrong = await approvals.approve(
         oa_client, handle.id, reqs[yes].step, args_hash=reqs[no].args_hash, by="ops"
     )

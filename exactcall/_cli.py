@@ -180,6 +180,21 @@ def _parser() -> argparse.ArgumentParser:
     )
     rp.add_argument("--json", action="store_true")
 
+    df = sub.add_parser(
+        "diff", help="the tool calls of two runs side by side (exit 1 when a side effect differs)"
+    )
+    df.add_argument("a", metavar="A", help="a workflow id (its latest run), ID:RUN_ID, or a file")
+    df.add_argument("b", metavar="B", help="the same, for the other run")
+    df.add_argument(
+        "--tools",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="modules with the tools (their read_only= is how read-only steps are known)",
+    )
+    df.add_argument("--json", action="store_true")
+    _connection_args(df)
+
     h = sub.add_parser("history", help="workflow histories")
     hsub = h.add_subparsers(dest="history_command", required=True)
     ex = hsub.add_parser("export", help="write a workflow's history as JSON (for replay tests)")
@@ -289,6 +304,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(crashtest(ns))
         if ns.command == "replay":
             return asyncio.run(_replay(ns))
+        if ns.command == "diff":
+            return asyncio.run(_diff(ns))
         if ns.command == "history":
             return asyncio.run(_history_export(ns))
         if ns.command == "chaos":
@@ -334,6 +351,42 @@ async def _client_command(ns: argparse.Namespace) -> int:
     if ns.command in ("unresolved", "resolve"):
         return await _cli_resolve.run(ns, client)
     return await _cli_approvals.run(ns, client)
+
+
+async def _diff(ns: argparse.Namespace) -> int:
+    import json
+
+    from temporalio.service import RPCError
+
+    from ._diff import calls_of, diff_calls
+    from ._worker import connect, load_tools
+
+    sys.path.insert(0, os.getcwd())
+    load_tools(_split(ns.tools))
+    files = [Path(x).suffix == ".json" or Path(x).exists() for x in (ns.a, ns.b)]
+    client = None if all(files) else await connect(_connection(ns))
+    conv = client.data_converter if client is not None else _default_converter()
+    try:
+        a = await calls_of(ns.a, conv, client)
+        b = await calls_of(ns.b, conv, client)
+    except ValueError as exc:
+        print(f"exactcall diff: {exc}", file=sys.stderr)
+        return 2
+    except RPCError as exc:
+        print(f"exactcall diff: {exc} (is the workflow id right?)", file=sys.stderr)
+        return 2
+    d = diff_calls(a, b)
+    if ns.json:
+        print(json.dumps({"same": d.same, "steps": [s.as_json() for s in d.steps]}, indent=2))
+    else:
+        print(d.text())
+    return 0 if d.same else 1
+
+
+def _default_converter():  # type: ignore[no-untyped-def]
+    from ._plugin import choose_data_converter
+
+    return choose_data_converter(None)
 
 
 async def _replay(ns: argparse.Namespace) -> int:

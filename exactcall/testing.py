@@ -42,6 +42,7 @@ __all__ = [
     "EffectCounter",
     "WorkerProcess",
     "assert_replays",
+    "assert_same_calls",
     "record_effect",
 ]
 
@@ -69,6 +70,21 @@ async def assert_replays(
     bad = [f"{r.path}: {'; '.join(r.problems)}" for r in reports if not r.ok]
     if bad:
         raise AssertionError("histories no longer replay:\n" + "\n".join(bad))
+
+
+async def assert_same_calls(a: Any, b: Any, *, client: Any = None) -> None:
+    """Fail, with the diff, unless every side-effecting call of run ``a`` is the same in run
+    ``b`` (same step, tool, version and arguments; read-only tools are shown, never counted).
+
+    Each run is a list of intents, a ``WorkflowHistory``, a history JSON file, or (with
+    ``client``) a workflow id or ``ID:RUN_ID``: see ``exactcall diff``."""
+    from ._diff import calls_of, diff_calls
+    from ._plugin import choose_data_converter
+
+    conv = client.data_converter if client is not None else choose_data_converter(None)
+    d = diff_calls(await calls_of(a, conv, client), await calls_of(b, conv, client))
+    if not d.same:
+        raise AssertionError("the runs' side-effecting calls differ:\n" + d.text())
 
 
 # -- fixtures --------------------------------------------------------------------------------

@@ -1,0 +1,170 @@
+"""``exactcall diff``: the tool calls of two runs side by side, matched by step.
+
+Each run is a workflow id (its latest run), ``ID:RUN_ID``, a history JSON file (as
+``temporal workflow show --output json`` and ``exactcall history export`` write it), or, in the
+test kit, a ``WorkflowHistory`` or a list of intents. A step is *same* (tool, arguments and
+version), *changed* (the arguments that differ, old and new; another tool at that step is a
+change too), *only in A* or *only in B*. A read-only tool's step is shown but never makes the
+two runs differ: only side effects count.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client, WorkflowHistory
+from temporalio.converter import DataConverter
+
+from ._errors import UnknownTool
+from ._model import Intent
+from ._replay import load_history, recorded_intents
+from ._tool import get_tool
+
+__all__ = ["CallDiff", "StepDiff", "calls_of", "diff_calls"]
+
+
+@dataclass
+class StepDiff:
+    step: str
+    status: str
+    """``same``, ``changed``, ``only_a`` or ``only_b``."""
+    tool_a: str | None
+    tool_b: str | None
+    read_only: bool = False
+    changes: list[tuple[str, Any, Any]] = field(default_factory=list)
+    """(argument, value in A, value in B); ``tool`` and ``version`` when those differ."""
+
+    @property
+    def counts(self) -> bool:
+        """Whether this step makes the runs differ (a side effect that is not the same)."""
+        return self.status != "same" and not self.read_only
+
+    def line(self) -> str:
+        ro = " (read-only)" if self.read_only else ""
+        if self.status == "same":
+            return f"  same     {self.step:<24} {self.tool_a}{ro}"
+        if self.status == "only_a":
+            return f"  only A   {self.step:<24} {self.tool_a}{ro}"
+        if self.status == "only_b":
+            return f"  only B   {self.step:<24} {self.tool_b}{ro}"
+        what = "; ".join(f"{k}: {_shown(a)} -> {_shown(b)}" for k, a, b in self.changes)
+        return f"  changed  {self.step:<24} {self.tool_b}{ro}: {what}"
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "status": self.status,
+            "tool_a": self.tool_a,
+            "tool_b": self.tool_b,
+            "read_only": self.read_only,
+            "changes": [{"field": k, **_side("a", a), **_side("b", b)} for k, a, b in self.changes],
+        }
+
+
+@dataclass
+class CallDiff:
+    steps: list[StepDiff]
+
+    @property
+    def same(self) -> bool:
+        """Every side-effecting call is the same in both runs."""
+        return not any(s.counts for s in self.steps)
+
+    def text(self) -> str:
+        differ = sum(s.counts for s in self.steps)
+        head = (
+            "every side-effecting call is the same"
+            if self.same
+            else f"{differ} side-effecting call{'s differ' if differ != 1 else ' differs'}"
+        )
+        return "\n".join([f"{len(self.steps)} steps: {head}", *(s.line() for s in self.steps)])
+
+
+def diff_calls(a: Sequence[Intent], b: Sequence[Intent]) -> CallDiff:
+    """Match the calls of two runs by step, in call order (A's, then B's own steps)."""
+    first_a, first_b = _by_step(a), _by_step(b)
+    order = list(first_a) + [s for s in first_b if s not in first_a]
+    out = []
+    for step in order:
+        ia, ib = first_a.get(step), first_b.get(step)
+        if ia is None or ib is None:
+            one = ia or ib
+            assert one is not None
+            status = "only_a" if ib is None else "only_b"
+            out.append(
+                StepDiff(step, status, ia and ia.tool, ib and ib.tool, read_only=_reads(one))
+            )
+            continue
+        changes: list[tuple[str, Any, Any]] = []
+        if ia.tool != ib.tool:
+            changes.append(("tool", ia.tool, ib.tool))
+        if ia.tool_version != ib.tool_version:
+            changes.append(("version", ia.tool_version, ib.tool_version))
+        for name in [*ia.args, *(k for k in ib.args if k not in ia.args)]:
+            va, vb = ia.args.get(name, _ABSENT), ib.args.get(name, _ABSENT)
+            if va != vb:
+                changes.append((name, va, vb))
+        status = "changed" if changes else "same"
+        read_only = _reads(ia) and _reads(ib)
+        out.append(StepDiff(step, status, ia.tool, ib.tool, read_only, changes))
+    return CallDiff(out)
+
+
+def _by_step(intents: Sequence[Intent]) -> dict[str, Intent]:
+    """The first intent of each step (a settling attempt after a cancel repeats it)."""
+    out: dict[str, Intent] = {}
+    for i in intents:
+        out.setdefault(i.step, i)
+    return out
+
+
+def _reads(i: Intent) -> bool:
+    try:
+        return bool(get_tool(i.tool).options.read_only)
+    except UnknownTool:  # not importable here: counted as a side effect
+        return False
+
+
+async def calls_of(source: Any, conv: DataConverter, client: Client | None = None) -> list[Intent]:
+    """The intents of one run: a list of intents, a ``WorkflowHistory``, a history JSON file,
+    or (with ``client``) a workflow id or ``ID:RUN_ID``."""
+    if isinstance(source, list):
+        return list(source)
+    if isinstance(source, WorkflowHistory):
+        return await recorded_intents(source, conv)
+    text = str(source)
+    path = Path(text)
+    if path.suffix == ".json" or path.exists():
+        if not path.is_file():
+            raise ValueError(f"{text}: no such history file")
+        try:
+            history = load_history(path)
+        except (json.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
+            raise ValueError(
+                f"{text} is not a workflow history (temporal workflow show --output json, or "
+                f"exactcall history export): {type(exc).__name__}: {exc}"
+            ) from None
+        return await recorded_intents(history, conv)
+    if client is None:
+        raise ValueError(f"{text}: a workflow id needs a server (--address)")
+    wid, _, run_id = text.partition(":")
+    handle = client.get_workflow_handle(wid, run_id=run_id or None)
+    return await recorded_intents(await handle.fetch_history(), conv)
+
+
+_ABSENT: Any = object()
+
+
+def _side(name: str, value: Any) -> dict[str, Any]:
+    return {f"{name}_absent": True} if value is _ABSENT else {name: value}
+
+
+def _shown(value: Any) -> str:
+    if value is _ABSENT:
+        return "(absent)"
+    text = json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -21,7 +21,7 @@ from temporalio.converter import DataConverter
 
 from ._errors import UnknownTool
 from ._model import Intent
-from ._replay import load_history, recorded_intents
+from ._replay import ABSENT, arg_differences, change_text, load_history, recorded_intents
 from ._tool import get_tool
 
 __all__ = ["CallDiff", "StepDiff", "calls_of", "diff_calls"]
@@ -51,7 +51,7 @@ class StepDiff:
             return f"  only A   {self.step:<24} {self.tool_a}{ro}"
         if self.status == "only_b":
             return f"  only B   {self.step:<24} {self.tool_b}{ro}"
-        what = "; ".join(f"{k}: {_shown(a)} -> {_shown(b)}" for k, a, b in self.changes)
+        what = "; ".join(change_text(*c) for c in self.changes)
         return f"  changed  {self.step:<24} {self.tool_b}{ro}: {what}"
 
     def as_json(self) -> dict[str, Any]:
@@ -104,10 +104,7 @@ def diff_calls(a: Sequence[Intent], b: Sequence[Intent]) -> CallDiff:
             changes.append(("tool", ia.tool, ib.tool))
         if ia.tool_version != ib.tool_version:
             changes.append(("version", ia.tool_version, ib.tool_version))
-        for name in [*ia.args, *(k for k in ib.args if k not in ia.args)]:
-            va, vb = ia.args.get(name, _ABSENT), ib.args.get(name, _ABSENT)
-            if va != vb:
-                changes.append((name, va, vb))
+        changes += arg_differences(ia.args, ib.args)
         status = "changed" if changes else "same"
         read_only = _reads(ia) and _reads(ib)
         out.append(StepDiff(step, status, ia.tool, ib.tool, read_only, changes))
@@ -156,15 +153,5 @@ async def calls_of(source: Any, conv: DataConverter, client: Client | None = Non
     return await recorded_intents(await handle.fetch_history(), conv)
 
 
-_ABSENT: Any = object()
-
-
 def _side(name: str, value: Any) -> dict[str, Any]:
-    return {f"{name}_absent": True} if value is _ABSENT else {name: value}
-
-
-def _shown(value: Any) -> str:
-    if value is _ABSENT:
-        return "(absent)"
-    text = json.dumps(value, sort_keys=True, default=str)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return {f"{name}_absent": True} if value is ABSENT else {name: value}

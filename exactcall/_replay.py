@@ -10,7 +10,7 @@ history (tool, args hash, step, key).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -230,7 +230,7 @@ def _drift(recorded: list[Intent], replayed: list[Intent], notes: list[str]) -> 
         if old.args_hash == new.args_hash or old.tool != new.tool:
             continue
         if _same_call(old, new):
-            added = [f"{k}={_shown(v)}" for k, v in new.args.items() if k not in old.args]
+            added = [f"{k}={shown(v)}" for k, v in new.args.items() if k not in old.args]
             notes.append(
                 f"{where}: the tool gained {', '.join(added)}, which the call leaves at the "
                 "default, so it is the same call (its recorded result, approval and key hold)"
@@ -262,21 +262,31 @@ def _same_call(old: Intent, new: Intent) -> bool:
     return t.same_call(old.args_hash, new.args)
 
 
-def _arg_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """Each argument that differs, ``name: old -> new`` (``(absent)`` where one lacks it)."""
+def arg_differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """Each argument that differs: ``(name, old, new)``, with ``ABSENT`` where one lacks it."""
     out = []
     for name in [*old, *(k for k in new if k not in old)]:
-        before, after = old.get(name, _ABSENT), new.get(name, _ABSENT)
+        before, after = old.get(name, ABSENT), new.get(name, ABSENT)
         if before != after:
-            out.append(f"{name}: {_shown(before)} -> {_shown(after)}")
+            out.append((name, before, after))
     return out
 
 
-_ABSENT = object()
+def change_text(name: str, before: Any, after: Any) -> str:
+    return f"{name}: {shown(before)} -> {shown(after)}"
 
 
-def _shown(value: Any) -> str:
-    if value is _ABSENT:
+def _arg_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    return [change_text(*d) for d in arg_differences(old, new)]
+
+
+ABSENT: Any = object()
+"""An argument one side of a comparison lacks."""
+
+
+def shown(value: Any) -> str:
+    """A value as a short line of JSON (``(absent)`` for ``ABSENT``)."""
+    if value is ABSENT:
         return "(absent)"
     text = json.dumps(value, sort_keys=True, default=str)
     return text if len(text) <= 80 else text[:77] + "..."

@@ -338,8 +338,9 @@ class Tool:
     def older_hashes(self, canonical: Mapping[str, Any]) -> frozenset[str]:
         """The hashes this call had under older signatures that lacked some of the parameters
         it leaves at their defaults (empty when it leaves none at a default)."""
-        at_default = [k for k, v in self._canonical_defaults().items() if canonical.get(k) == v]
-        at_default = [k for k in at_default if k in canonical][:_MAX_ADDED]
+        defaults = self._canonical_defaults()
+        at_default = [k for k, v in defaults.items() if k in canonical and canonical[k] == v]
+        at_default = at_default[:_MAX_ADDED]
         out = set()
         for n in range(1, len(at_default) + 1):
             for dropped in itertools.combinations(at_default, n):

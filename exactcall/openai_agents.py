@@ -43,6 +43,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     ) from exc
 
 from . import ApprovalDenied, ApprovalExpired, ApprovalMissing, ExactcallError, InvalidCall, Tool
+from . import args_hash as exactcall_args_hash
 from .adapters import (
     MODEL_ERRORS,
     KeyFunction,
@@ -235,10 +236,10 @@ def approve(state: RunState[Any], item: ToolApprovalItem, *, args_hash: str) -> 
     if not item.call_id:
         raise InvalidCall(f"{item.tool_name}: the interruption has no call id", tool=item.tool_name)
     t = _tool_of(item)
-    named = _parsed(t, item.arguments or "")
-    expected = _hash_of(t, named)
-    args, kwargs = split_arguments(t, named)
-    if not t.same_call(args_hash, t.canonical_args(args, kwargs)):
+    args, kwargs = split_arguments(t, _parsed(t, item.arguments or ""))
+    canonical = t.canonical_args(args, kwargs)
+    expected = exactcall_args_hash(t.name, canonical)
+    if not t.same_call(args_hash, canonical):
         raise ApprovalMismatch(
             f"{item.tool_name} call {item.call_id}: the approval is for args hash {args_hash}, "
             f"but the call's arguments hash to {expected}; it was not approved and stays "

@@ -146,6 +146,16 @@ async def test_an_approval_given_for_the_old_hash_still_runs_the_call_once(
     assert bank.count(to=order) == 1
 
 
+@pytest.mark.parametrize("name", ["refund_before_currency", "approved_before_currency"])
+async def test_stored_histories_of_the_old_signature_replay_on_the_new(name: str) -> None:
+    # recorded by tests/sig_v1.py's worker (no currency); the approved one holds a decision for
+    # the old hash, which the new code must accept again on replay (else: nondeterminism)
+    path = ROOT / "tests" / "histories" / "sig" / f"{name}.json"
+    [report] = await replay_histories([path], [SigRefund])
+    assert report.ok, report.problems
+    assert report.calls == 1 and 'gained currency="EUR"' in report.notes[0]
+
+
 async def _pending(client: Client, wid: str) -> Any:
     import asyncio
 

@@ -155,6 +155,9 @@ def _parser() -> argparse.ArgumentParser:
     from . import _cli_mcp
 
     _cli_mcp.add_parsers(sub, _connection_args)
+    from . import _cli_audit
+
+    _cli_audit.add_parsers(sub, _connection_args)
 
     rp = sub.add_parser("replay", help="replay stored histories; check nondeterminism and intents")
     rp.add_argument("paths", nargs="+", metavar="PATH", help="history JSON files or folders")
@@ -306,6 +309,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_replay(ns))
         if ns.command == "diff":
             return asyncio.run(_diff(ns))
+        if ns.command == "audit":
+            from . import _cli_audit
+
+            if ns.audit_command == "verify":
+                return _cli_audit.verify_command(ns)
+            return asyncio.run(_cli_audit.run(ns, _connection(ns)))
         if ns.command == "history":
             return asyncio.run(_history_export(ns))
         if ns.command == "chaos":

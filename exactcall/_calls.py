@@ -1,0 +1,399 @@
+"""The guarded calls of one workflow run, read from its history alone (no workflow code).
+
+Every fact comes from an event Temporal recorded: the intent is the input of the call's
+activity; the outcome is how that activity closed (the last one of the step: a call cancelled
+mid-flight is settled by one more attempt under ``exactcall.settle:``); a person's approval is
+the grant inside the intent, and the ``exactcall.decide`` signals that carried it (their time,
+and whether they were signed); a call that never ran because a person said no, or nobody
+answered, is a request in the run's ``exactcall.pending`` memo that left it without an
+activity: *denied* when a deny arrived before it left, *expired* when it left at its deadline,
+*cancelled* otherwise. The verdict on an unknown outcome lives in the reconciliation's own
+workflow (``exactcall audit`` reads its memo); a reconciliation the run waited for as a child
+is read from the child's result.
+
+Used by ``exactcall audit`` and its export, and by ``exactcall.testing.recorded_tools``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from temporalio.api.common.v1 import Payload
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowHistory
+from temporalio.converter import DataConverter
+from temporalio.exceptions import ApplicationError
+
+from ._model import Intent
+from ._wire import (
+    DECIDE_SIGNAL,
+    PENDING_MEMO,
+    SETTLE_PREFIX,
+    reconcile_id,
+)
+
+__all__ = ["Approver", "RunCall", "calls_in_history", "settle"]
+
+_ET = EventType
+
+
+@dataclass
+class Approver:
+    """One person's yes (or no) to a call, as the decide signal carried it."""
+
+    name: str
+    at: datetime | None
+    signed: bool
+    decision: dict[str, Any] | None = None
+    """The signal's payload (what a signature covers, with the run's workflow id)."""
+
+
+@dataclass
+class RunCall:
+    """One guarded call of a run, and what became of it."""
+
+    workflow_id: str
+    run_id: str | None
+    workflow_type: str
+    step: str
+    tool: str
+    args: dict[str, Any]
+    args_hash: str
+    key: str
+    time: datetime
+    """When the intent was persisted (its activity scheduled), or the approval requested."""
+    outcome: str
+    """done, failed, conflict, unknown, unresolved, abandoned, denied, expired, cancelled,
+    running, or pending (waiting for a person)."""
+    tool_version: str | None = None
+    ended_at: datetime | None = None
+    attempts: int = 0
+    error_type: str | None = None
+    error: str | None = None
+    result: Payload | None = None
+    """The recorded result of a done call (encoded as it is in the history)."""
+    needed_approval: bool = False
+    approved_by: list[Approver] = field(default_factory=list)
+    denied_by: Approver | None = None
+    reason: str | None = None
+    """Why a call was denied (the decider's reason)."""
+    verdict: str | None = None
+    """For a call whose outcome was unknown: landed, not_landed, abandon (None: not yet)."""
+    settled_by: str | None = None
+    """Who gave the verdict (``probe``, or a person's name)."""
+    settled_result: Any = None
+    """The result a reconciliation settled a done call with (decoded)."""
+    intent: Intent | None = None
+
+    @property
+    def reconcile_id(self) -> str:
+        return reconcile_id(self.key)
+
+    @property
+    def was_unknown(self) -> bool:
+        return self.outcome in ("unknown", "unresolved") or self.verdict is not None
+
+
+_FAILED_TYPES = {"IntentConflict": "conflict", "AmbiguousOutcome": "unknown"}
+
+
+@dataclass
+class _Activity:
+    intent: Intent
+    scheduled: datetime
+    activity_id: str
+    attempts: int = 0
+    closed: str | None = None
+    ended_at: datetime | None = None
+    result: Payload | None = None
+    error_type: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class _Request:
+    req: dict[str, Any]
+    seen: datetime
+    left: datetime | None = None
+
+
+async def calls_in_history(
+    history: WorkflowHistory,
+    conv: DataConverter,
+    *,
+    run_id: str | None = None,
+) -> list[RunCall]:
+    """The guarded calls of one run, in the order they were made."""
+    acts: dict[int, _Activity] = {}
+    requests: dict[str, _Request] = {}
+    decisions: list[tuple[datetime, dict[str, Any]]] = []
+    children: dict[str, Any] = {}
+    workflow_type = ""
+    for ev in history.events:
+        t = ev.event_type
+        when = ev.event_time.ToDatetime(tzinfo=UTC)
+        if t == _ET.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
+            a = ev.workflow_execution_started_event_attributes
+            workflow_type = a.workflow_type.name
+            run_id = run_id or a.original_execution_run_id or None
+        elif t == _ET.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            a = ev.activity_task_scheduled_event_attributes
+            intent = await _intent(conv, list(a.input.payloads))
+            if intent is not None:
+                acts[ev.event_id] = _Activity(intent, when, a.activity_id)
+        elif t == _ET.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            a = ev.activity_task_started_event_attributes
+            if (act := acts.get(a.scheduled_event_id)) is not None:
+                act.attempts = max(act.attempts, a.attempt)
+        elif t == _ET.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            a = ev.activity_task_completed_event_attributes
+            if (act := acts.get(a.scheduled_event_id)) is not None:
+                act.closed, act.ended_at = "done", when
+                act.result = a.result.payloads[0] if a.result.payloads else None
+        elif t in (_ET.EVENT_TYPE_ACTIVITY_TASK_FAILED, _ET.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT):
+            a = (
+                ev.activity_task_failed_event_attributes
+                if t == _ET.EVENT_TYPE_ACTIVITY_TASK_FAILED
+                else ev.activity_task_timed_out_event_attributes
+            )
+            if (act := acts.get(a.scheduled_event_id)) is not None:
+                act.ended_at = when
+                act.error_type, act.error = await _failure(conv, a.failure)
+                if t == _ET.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT:
+                    act.closed = "unknown"
+                else:
+                    act.closed = _FAILED_TYPES.get(act.error_type or "", "failed")
+        elif t == _ET.EVENT_TYPE_ACTIVITY_TASK_CANCELED:
+            a = ev.activity_task_canceled_event_attributes
+            if (act := acts.get(a.scheduled_event_id)) is not None:
+                act.closed, act.ended_at = "cancelled", when
+        elif t == _ET.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+            a = ev.workflow_execution_signaled_event_attributes
+            if a.signal_name == DECIDE_SIGNAL and len(a.input.payloads) == 1:
+                d = await _decode(conv, a.input.payloads[0])
+                if isinstance(d, dict) and "decision" in d and "by" in d:
+                    decisions.append((when, d))
+        elif t == _ET.EVENT_TYPE_WORKFLOW_PROPERTIES_MODIFIED:
+            memo = ev.workflow_properties_modified_event_attributes.upserted_memo.fields
+            if PENDING_MEMO in memo:
+                _pending_changed(requests, await _decode(conv, memo[PENDING_MEMO]), when)
+        elif t == _ET.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_COMPLETED:
+            a = ev.child_workflow_execution_completed_event_attributes
+            if a.result.payloads:
+                children[a.workflow_execution.workflow_id] = await _decode(
+                    conv, a.result.payloads[0]
+                )
+
+    wid = history.workflow_id
+    out: list[RunCall] = []
+    by_step: dict[str, RunCall] = {}
+    for act in acts.values():
+        i = act.intent
+        call = by_step.get(i.step)
+        if call is None or call.key != i.key:
+            call = RunCall(
+                workflow_id=i.workflow_id or wid,
+                run_id=run_id,
+                workflow_type=workflow_type or i.workflow_type,
+                step=i.step,
+                tool=i.tool,
+                tool_version=i.tool_version,
+                args=dict(i.args),
+                args_hash=i.args_hash,
+                key=i.key,
+                time=act.scheduled,
+                outcome="running",
+                intent=i,
+            )
+            by_step[i.step] = call
+            out.append(call)
+        elif not act.activity_id.startswith(SETTLE_PREFIX) and call.outcome != "cancelled":
+            # the same step scheduled again in this run (another call with the same key):
+            # the first one's outcome stands
+            continue
+        call.attempts += act.attempts
+        call.outcome = act.closed or "running"
+        call.ended_at = act.ended_at
+        call.result = act.result
+        call.error_type, call.error = act.error_type, act.error
+        if i.approval is not None:
+            call.needed_approval = True
+            call.approved_by = _approvers(i, decisions, act.scheduled)
+    for call in out:
+        settled = children.get(call.reconcile_id)
+        if call.outcome == "unknown" and isinstance(settled, dict):
+            settle(call, settled)
+
+    for step, r in requests.items():
+        if step in by_step:
+            by_step[step].needed_approval = True
+            continue
+        out.append(_unrun(wid, run_id, workflow_type, r, decisions, out))
+    return out
+
+
+def settle(call: RunCall, settled: dict[str, Any]) -> None:
+    """Record a reconciliation's verdict on a call whose outcome was unknown: its result
+    (``Settled``) or its memo (``verdict``, ``outcome``, ``by``)."""
+    verdict = settled.get("verdict")
+    if verdict not in ("landed", "not_landed", "abandon"):
+        call.outcome = "unresolved"
+        return
+    by = settled.get("decided_by", settled.get("by"))
+    call.verdict = verdict
+    call.settled_by = by if isinstance(by, str) else None
+    call.settled_result = settled.get("result")
+    call.outcome = {"done": "done", "failed": "failed", "abandoned": "abandoned"}.get(
+        str(settled.get("outcome")), "unresolved"
+    )
+
+
+def _pending_changed(requests: dict[str, _Request], value: Any, when: datetime) -> None:
+    now = {r["step"]: r for r in value or () if isinstance(r, dict) and "step" in r}
+    for step, r in now.items():
+        if step not in requests or requests[step].left is not None:
+            requests[step] = _Request(r, when)
+    for step, r in requests.items():
+        if step not in now and r.left is None:
+            r.left = when
+
+
+def _unrun(
+    wid: str,
+    run_id: str | None,
+    workflow_type: str,
+    r: _Request,
+    decisions: list[tuple[datetime, dict[str, Any]]],
+    calls: list[RunCall],
+) -> RunCall:
+    """A request for approval whose step never ran an activity in this run."""
+    req = r.req
+    call = RunCall(
+        workflow_id=req.get("workflow_id") or wid,
+        run_id=run_id,
+        workflow_type=workflow_type,
+        step=req["step"],
+        tool=req.get("tool", ""),
+        args=dict(req.get("args") or {}),
+        args_hash=req.get("args_hash", ""),
+        key=req.get("key", ""),
+        time=_time(req.get("requested_at")) or r.seen,
+        outcome="pending",
+        needed_approval=True,
+    )
+    if r.left is None:
+        return call
+    call.ended_at = r.left
+    mine = [
+        (at, d)
+        for at, d in decisions
+        if at <= r.left and d.get("step") == call.step and d.get("args_hash") == call.args_hash
+    ]
+    expires = _time(req.get("expires_at"))
+    denies = [(at, d) for at, d in mine if d.get("decision") == "deny"]
+    approves = [(at, d) for at, d in mine if d.get("decision") == "approve"]
+    if expires is not None and r.left >= expires:
+        call.outcome = "expired"
+    elif denies:
+        at, d = denies[-1]
+        call.outcome = "denied"
+        call.denied_by = Approver(d["by"], at, bool(d.get("signature")), d)
+        call.reason = d.get("reason")
+    elif approves:
+        # a framework's approval (step TOOL@CALL_ID): the call then runs under its own step
+        approvers = _latest_by_name(approves)
+        ran = next(
+            (
+                c
+                for c in calls
+                if c.tool == call.tool
+                and c.args_hash == call.args_hash
+                and c.time >= r.left
+                and not c.approved_by
+            ),
+            None,
+        )
+        if ran is not None:
+            ran.needed_approval = True
+            ran.approved_by = approvers
+            call.outcome = "approved"
+            call.approved_by = approvers
+            call.reason = f"ran as step {ran.step}"
+        else:
+            call.outcome = "approved"
+            call.approved_by = approvers
+    else:
+        call.outcome = "cancelled"
+    return call
+
+
+def _approvers(
+    i: Intent, decisions: list[tuple[datetime, dict[str, Any]]], before: datetime
+) -> list[Approver]:
+    """The approvers named by the grant, each with the decide signal that carried their yes
+    (their last one before the call was scheduled: earlier ones may have been refused)."""
+    assert i.approval is not None
+    named = set(i.approval.approved_by)
+    mine = [
+        (at, d)
+        for at, d in decisions
+        if at <= before
+        and d.get("decision") == "approve"
+        and d.get("by") in named
+        and (d.get("step") == i.step or (d.get("step") is None and d.get("tool") == i.tool))
+    ]
+    found = {a.name: a for a in _latest_by_name(mine)}
+    return [
+        found.get(name) or Approver(name, i.approval.decided_at, False)
+        for name in i.approval.approved_by
+    ]
+
+
+def _latest_by_name(decisions: Iterable[tuple[datetime, dict[str, Any]]]) -> list[Approver]:
+    out: dict[str, Approver] = {}
+    for at, d in decisions:
+        out[d["by"]] = Approver(d["by"], at, bool(d.get("signature")), d)
+    return list(out.values())
+
+
+async def _intent(conv: DataConverter, payloads: list[Payload]) -> Intent | None:
+    if len(payloads) != 1:
+        return None
+    try:
+        [value] = await conv.decode(payloads)
+        return Intent.model_validate(value)
+    except Exception:
+        return None
+
+
+async def _decode(conv: DataConverter, payload: Payload) -> Any:
+    try:
+        [value] = await conv.decode([payload])
+    except Exception:
+        return None
+    return value
+
+
+async def _failure(conv: DataConverter, failure: Any) -> tuple[str | None, str | None]:
+    try:
+        err = await conv.decode_failure(failure)
+    except Exception:
+        return None, failure.message or None
+    if isinstance(err, ApplicationError):
+        return err.type or "ApplicationError", err.message
+    return type(err).__name__, str(err)
+
+
+def _time(value: Any) -> datetime | None:
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, str):
+        try:
+            t = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+        return t if t.tzinfo else t.replace(tzinfo=UTC)
+    return None

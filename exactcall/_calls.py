@@ -73,6 +73,7 @@ class RunCall:
     attempts: int = 0
     error_type: str | None = None
     error: str | None = None
+    error_details: tuple[Any, ...] = ()
     result: Payload | None = None
     """The recorded result of a done call (encoded as it is in the history)."""
     needed_approval: bool = False
@@ -111,6 +112,7 @@ class _Activity:
     result: Payload | None = None
     error_type: str | None = None
     error: str | None = None
+    error_details: tuple[Any, ...] = ()
 
 
 @dataclass
@@ -161,7 +163,7 @@ async def calls_in_history(
             )
             if (act := acts.get(a.scheduled_event_id)) is not None:
                 act.ended_at = when
-                act.error_type, act.error = await _failure(conv, a.failure)
+                act.error_type, act.error, act.error_details = await _failure(conv, a.failure)
                 if t == _ET.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT:
                     act.closed = "unknown"
                 else:
@@ -219,6 +221,7 @@ async def calls_in_history(
         call.ended_at = act.ended_at
         call.result = act.result
         call.error_type, call.error = act.error_type, act.error
+        call.error_details = act.error_details
         if i.approval is not None:
             call.needed_approval = True
             call.approved_by = _approvers(i, decisions, act.scheduled)
@@ -377,14 +380,16 @@ async def _decode(conv: DataConverter, payload: Payload) -> Any:
     return value
 
 
-async def _failure(conv: DataConverter, failure: Any) -> tuple[str | None, str | None]:
+async def _failure(
+    conv: DataConverter, failure: Any
+) -> tuple[str | None, str | None, tuple[Any, ...]]:
     try:
         err = await conv.decode_failure(failure)
     except Exception:
-        return None, failure.message or None
+        return None, failure.message or None, ()
     if isinstance(err, ApplicationError):
-        return err.type or "ApplicationError", err.message
-    return type(err).__name__, str(err)
+        return err.type or "ApplicationError", err.message, tuple(err.details)
+    return type(err).__name__, str(err), ()
 
 
 def _time(value: Any) -> datetime | None:

@@ -18,7 +18,11 @@ Fixtures (all prefixed ``exactcall_`` except the two helpers a test calls by nam
   assert ``effects.count("pay") == 1``.
 
 ``assert_replays(histories_dir, workflows=[...])`` replays stored histories and checks every
-call's intent (see ``exactcall replay``). Async fixtures need pytest-asyncio; run them with
+call's intent (see ``exactcall replay``). ``assert_same_calls(a, b)`` compares two runs' calls
+(see ``exactcall diff``). ``recorded_tools(history)`` is a worker plugin that answers every
+exactcall call from a recorded run, matched by step, and raises ``NotRecorded`` for a call the
+recording does not have: an agent's new version tested against yesterday's real tool results,
+with nothing sent to a provider. Async fixtures need pytest-asyncio; run them with
 ``asyncio_default_fixture_loop_scope = "session"`` and ``asyncio_default_test_loop_scope =
 "session"`` for one server per session.
 """
@@ -35,15 +39,19 @@ from typing import Any
 import pytest
 
 from ._procs import EFFECTS_ENV, EffectCounter, WorkerProcess, record_effect
+from ._recorded import NotRecorded, RecordedTools, recorded_tools
 from ._server import DevServer
 
 __all__ = [
     "EFFECTS_ENV",
     "EffectCounter",
+    "NotRecorded",
+    "RecordedTools",
     "WorkerProcess",
     "assert_replays",
     "assert_same_calls",
     "record_effect",
+    "recorded_tools",
 ]
 
 try:

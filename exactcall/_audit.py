@@ -301,6 +301,8 @@ def text_line(r: dict[str, Any]) -> str:
         people = "  denied by " + _who(r["denied_by"])
         if r["reason"]:
             people += f": {r['reason']}"
+    if r["error"] and r["outcome"] in ("failed", "conflict", "unknown", "abandoned"):
+        people += f"  {r['error']}"
     args = "args redacted" if r["args"] is None else canonical(r["args"])
     return (
         f"{when}  {r['workflow_id']}  {r['step']}  {outcome}{people}\n"

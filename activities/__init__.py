@@ -1,6 +1,7 @@
 """exactcall's activities (installed as ``exactcall.activities``): the tool activity that runs
 one attempt of a call, and client-side access to call records."""
 
+from ._budget import budget_charge
 from ._probe import await_settled, mark_record, probe_activity
 from ._records import Record, RecordView
 from ._runner import tool_activity
@@ -9,6 +10,7 @@ __all__ = [
     "Record",
     "RecordView",
     "await_settled",
+    "budget_charge",
     "mark_record",
     "probe_activity",
     "tool_activity",

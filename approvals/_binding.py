@@ -90,6 +90,8 @@ class ApprovalRequest(BaseModel):
     requested_by: str | None = None
     approvals_needed: int = 1
     approved_by: tuple[str, ...] = ()
+    reasons: tuple[str, ...] = ()
+    """Why it waits besides the tool's own rule (a budget it would pass)."""
 
 
 class Decision(BaseModel):

@@ -96,6 +96,8 @@ async def _list(client: Client, as_json: bool) -> int:
             f"{r.expires_at:%Y-%m-%d %H:%M:%S}Z"
         )
         print(f"    args {json.dumps(r.args, sort_keys=True)}")
+        for why in r.reasons:
+            print(f"    why  {why}")
     return EXIT_OK
 
 
@@ -111,6 +113,7 @@ def _describe(r: ApprovalRequest) -> str:
         + (f" by {r.requested_by}" if r.requested_by else ""),
         f"expires    {r.expires_at.isoformat()}",
     ]
+    lines += [f"why        {why}" for why in r.reasons]
     if r.approvals_needed > 1:
         lines.append(f"approvals  {len(r.approved_by)} of {r.approvals_needed} {r.approved_by}")
     return "\n".join(lines)

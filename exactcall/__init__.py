@@ -13,6 +13,7 @@ knows what the previous one did; a call that may have happened is never re-run b
     receipt = await exactcall.call(pay, amount=10, to="alice")
 """
 
+from ._budget import Budget, BudgetExceeded
 from ._canonical import args_hash, canonical_json, derive_key, to_json_value
 from ._context import current_intent, idempotency_headers, idempotency_key
 from ._errors import (
@@ -44,6 +45,8 @@ __all__ = [
     "ApprovalMissing",
     "ArgumentsNoLongerFit",
     "ArgumentsTooLarge",
+    "Budget",
+    "BudgetExceeded",
     "CallAbandoned",
     "ExactcallError",
     "Intent",

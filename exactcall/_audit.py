@@ -32,7 +32,13 @@ from temporalio.converter import DataConverter
 from temporalio.service import RPCError
 
 from ._calls import Approver, RunCall, calls_in_history, settle
-from ._wire import RECONCILE_WORKFLOW, RECORD_WORKFLOW, RUN_CLAIM_WORKFLOW, VERDICT_MEMO
+from ._wire import (
+    AUDIT_EXPORT_FORMAT,
+    RECONCILE_WORKFLOW,
+    RECORD_WORKFLOW,
+    RUN_CLAIM_WORKFLOW,
+    VERDICT_MEMO,
+)
 
 __all__ = [
     "EXPORT_FORMAT",
@@ -44,7 +50,7 @@ __all__ = [
     "verify",
 ]
 
-EXPORT_FORMAT = "exactcall.audit/v1"
+EXPORT_FORMAT = AUDIT_EXPORT_FORMAT
 OUTCOMES = (
     "done",
     "failed",

@@ -32,8 +32,14 @@ from temporalio.worker import (
 )
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
-from exactcall.activities import await_settled, mark_record, probe_activity, tool_activity
-from exactcall.workflows import CallRecord, Reconcile
+from exactcall.activities import (
+    await_settled,
+    budget_charge,
+    mark_record,
+    probe_activity,
+    tool_activity,
+)
+from exactcall.workflows import BudgetLedger, CallRecord, Reconcile
 
 from ._converter import ModelsAsPydantic, models_as_pydantic
 from ._errors import ExactcallError
@@ -164,10 +170,11 @@ class Plugin(SimplePlugin):
             out.append(await_settled)
         if parts.workflows:
             out.append(mark_record)  # the reconciliation's local activity
+            out.append(budget_charge)  # a budgeted call's local activity
         return out
 
     def _workflows(self, existing: Sequence[type] | None) -> list[type]:
-        own = [CallRecord, Reconcile] if self._parts.workflows else []
+        own = [CallRecord, Reconcile, BudgetLedger] if self._parts.workflows else []
         return [*(existing or []), *own]
 
     @contextlib.asynccontextmanager

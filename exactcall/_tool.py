@@ -103,6 +103,8 @@ class ToolOptions:
     reconcile_deadline: timedelta = timedelta(minutes=5)
     """Overall deadline of the probe (with its retries); past it the call is parked."""
     on_unknown: str = "wait"
+    budgets: tuple[Any, ...] = ()
+    """``exactcall.Budget`` bounds across this tool's calls (reserved before each call)."""
     """``"wait"`` for the reconciliation's verdict, or ``"raise"`` AmbiguousOutcome at once."""
 
 
@@ -520,6 +522,7 @@ def tool(
     reconcile: Callable[[Any], Any] | None = None,
     reconcile_deadline: timedelta = timedelta(minutes=5),
     on_unknown: str = "wait",
+    budgets: Sequence[Any] = (),
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 def tool(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
     """Declare a side-effecting (or, with ``read_only=True``, a read-only) tool.
@@ -552,7 +555,26 @@ def _options(f: Callable[..., Any], options: dict[str, Any]) -> ToolOptions:
         raise TypeError("exactcall.tool(on_unknown=...) must be 'wait' or 'raise'")
     if opts.get("read_only") and opts.get("approval"):
         raise TypeError("a read_only tool cannot need approval (it changes nothing)")
+    if "budgets" in opts:
+        opts["budgets"] = _budgets(opts["name"], opts["budgets"], bool(opts.get("read_only")))
     return ToolOptions(**opts)
+
+
+def _budgets(name: str, budgets: Any, read_only: bool) -> tuple[Any, ...]:
+    from ._budget import Budget
+
+    out = tuple(budgets) if isinstance(budgets, list | tuple) else (budgets,)
+    for b in out:
+        if not isinstance(b, Budget):
+            raise TypeError(
+                f"exactcall.tool({name!r}, budgets=...): {b!r} is not an exactcall.Budget"
+            )
+    names = [b.name for b in out]
+    if len(set(names)) != len(names):
+        raise TypeError(f"exactcall.tool({name!r}, budgets=...): a budget is listed twice")
+    if out and read_only:
+        raise TypeError(f"a read_only tool cannot have budgets ({name!r} changes nothing)")
+    return out
 
 
 def intent_hash(t: Tool | str, /, *args: Any, **kwargs: Any) -> str:

@@ -11,7 +11,16 @@ from __future__ import annotations
 
 __all__ = [
     "APPROVALS_QUERY",
+    "AUDIT_EXPORT_FORMAT",
     "AWAIT_SETTLED",
+    "BUDGETS_PATCH",
+    "BUDGET_ACTIVITY",
+    "BUDGET_MEMO",
+    "BUDGET_OVER",
+    "BUDGET_RESERVE_UPDATE",
+    "BUDGET_SETTLE_UPDATE",
+    "BUDGET_STATE_QUERY",
+    "BUDGET_WORKFLOW",
     "CANCELLED_MEMO",
     "CANCELLED_SIGNAL",
     "CANCELLED_WHILE_JOINING",
@@ -53,6 +62,7 @@ __all__ = [
     "UNRESOLVED_ATTRIBUTE",
     "UNRESOLVED_MEMO",
     "VERDICT_MEMO",
+    "budget_id",
     "probe_activity_name",
     "reconcile_id",
     "record_id",
@@ -188,3 +198,34 @@ hinted read-only. Recorded once per run, and only in runs that call such a tool.
 MARKS_BY_ACTIVITY = "exactcall.marks-by-activity"
 """Patch: verdicts are written to the record by a local activity, which opens a record that
 has closed (records close by themselves); before, by an external signal."""
+
+
+# -- budgets ---------------------------------------------------------------------------------
+BUDGET_WORKFLOW = "exactcall.Budget"
+"""A budget's ledger: one per budget (scope namespace), or per budget and workflow id."""
+BUDGET_RESERVE_UPDATE = "exactcall.budget.reserve"
+BUDGET_SETTLE_UPDATE = "exactcall.budget.settle"
+BUDGET_STATE_QUERY = "exactcall.budget.state"
+BUDGET_ACTIVITY = "exactcall.budget"
+"""The local activity through which a workflow reserves, spends and releases."""
+BUDGETS_PATCH = "exactcall.budgets"
+"""Marks runs whose budgeted calls reserve (a tool that gains budgets= keeps old runs replaying)."""
+
+
+def budget_id(name: str, workflow_id: str | None = None) -> str:
+    """Workflow id of a budget's ledger (``workflow_id`` for a workflow-scope budget)."""
+    return (
+        f"exactcall-budget-{name}"
+        if workflow_id is None
+        else f"exactcall-budget-{name}@{workflow_id}"
+    )
+
+
+BUDGET_OVER = "exactcall.BudgetOver"
+"""Failure type of a reservation the ledger's validator refused (over the limit)."""
+BUDGET_MEMO = "exactcall.budget"
+"""A ledger's totals per window (what ``exactcall budgets`` lists without a worker)."""
+
+# -- audit -----------------------------------------------------------------------------------
+AUDIT_EXPORT_FORMAT = "exactcall.audit/v1"
+"""The ``format`` of an ``exactcall audit export`` header."""

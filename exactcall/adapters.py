@@ -40,6 +40,7 @@ import typing
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, TypeAlias
 
+from ._budget import BudgetExceeded
 from ._errors import ExactcallError, IntentConflict, InvalidCall, ToolFailed, register_error
 from ._model import ApprovalGrant, Intent
 from ._tool import KEY_PARAM, Tool, resolve_tool
@@ -75,6 +76,7 @@ MODEL_ERRORS: tuple[type[ExactcallError], ...] = (
     ToolFailed,  # a definite failure (it did not happen, or a re-run failed)
     CallAbandoned,  # a person gave up on an unknown outcome: the call will not be retried
     InvalidCall,  # arguments that do not fit the signature: nothing ran, the model can fix them
+    BudgetExceeded,  # a budget declared on_exceed="refuse" would be passed: nothing ran
 )
 """The exactcall errors a model sees as tool errors (see the module's docstring)."""
 

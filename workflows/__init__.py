@@ -1,5 +1,6 @@
 """exactcall's own workflows (installed as ``exactcall.workflows``)."""
 
+from ._budget import BudgetLedger
 from ._reconciliation import PROBE_PREFIX, Reconcile, probe_activity_name
 from ._record import MARK_RECORD, MARK_SIGNAL, RECORD_WORKFLOW, STATE_QUERY, CallRecord, record_id
 
@@ -9,6 +10,7 @@ __all__ = [
     "PROBE_PREFIX",
     "RECORD_WORKFLOW",
     "STATE_QUERY",
+    "BudgetLedger",
     "CallRecord",
     "Reconcile",
     "probe_activity_name",

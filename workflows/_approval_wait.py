@@ -22,7 +22,9 @@ from ._state import WorkflowState, state
 __all__ = ["show_pending", "wait_for_approval"]
 
 
-async def wait_for_approval(t: Tool, intent: Intent) -> ApprovalGrant:
+async def wait_for_approval(
+    t: Tool, intent: Intent, reasons: tuple[str, ...] = ()
+) -> ApprovalGrant:
     st = state()
     now = workflow.now()
     req = ApprovalRequest(
@@ -36,6 +38,7 @@ async def wait_for_approval(t: Tool, intent: Intent) -> ApprovalGrant:
         expires_at=now + t.options.approval_timeout,
         requested_by=workflow.memo_value(REQUESTED_BY_MEMO, None, type_hint=str | None),
         approvals_needed=t.options.min_approvals,
+        reasons=reasons,
     )
     older = t.older_hashes(intent.args)
     st.book.request(req, t.options.approvers, t.options.requester_may_approve, now, older)

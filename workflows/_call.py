@@ -24,6 +24,7 @@ from temporalio.exceptions import CancelledError as ActivityCancelled
 from temporalio.exceptions import TimeoutError as ActivityTimedOut
 from temporalio.workflow import ActivityCancellationType
 
+from exactcall._budget import BudgetExceeded, over_text
 from exactcall._canonical import args_hash, derive_key
 from exactcall._errors import (
     AmbiguousOutcome,
@@ -31,16 +32,18 @@ from exactcall._errors import (
     IntentConflict,
     InvalidCall,
     NotExecuted,
+    ResultNotSerializable,
     ToolFailed,
     error_from_failure,
 )
 from exactcall._metrics import CALLS, count, observed_approval
 from exactcall._model import Intent
 from exactcall._tool import Tool, resolve_tool
-from exactcall._verdicts import CallSpec
-from exactcall._wire import READ_PATH_BY_DECLARATION
+from exactcall._verdicts import CallAbandoned, CallSpec
+from exactcall._wire import BUDGETS_PATCH, READ_PATH_BY_DECLARATION
 
 from ._approval_wait import wait_for_approval
+from ._budget import reserve_for, reserve_overruns, settle_for
 from ._state import Flight, cancellation_reaches_calls, state
 from ._unknown import (
     OnUnknown,
@@ -237,9 +240,60 @@ async def _run_flight(t: Tool, intent: Intent, on_unknown: OnUnknown, flight: Fl
     not started, or its worker died), one more attempt settles the call from its markers
     without calling the tool.
     """
+    if t.options.budgets and workflow.patched(BUDGETS_PATCH):
+        return await _budgeted(t, intent, on_unknown, flight)
     if t.needs_approval(intent):
         grant = await observed_approval(t.name, wait_for_approval(t, intent))
         intent = intent.model_copy(update={"approval": grant})
+    return await _run_tool(t, intent, on_unknown, flight)
+
+
+async def _budgeted(t: Tool, intent: Intent, on_unknown: OnUnknown, flight: Flight) -> Any:
+    """Reserve on each budget, then (over a limit, or by the tool's rule) wait for a person,
+    then run; the outcome spends or releases the reservations (an unknown one keeps them until
+    its reconciliation settles)."""
+    held, over = await reserve_for(t, intent)
+    refused = [o for o in over if o.budget.on_exceed == "refuse"]
+    if refused:
+        await settle_for(held, spent=False)
+        o = refused[0]
+        why = over_text(o.budget, o.op.window, o.answer, o.op.measure)
+        raise BudgetExceeded(
+            f"{t.name} {intent.step} would pass the {why}; nothing ran",
+            tool=t.name,
+            step=intent.step,
+            args_hash=intent.args_hash,
+            budget=o.budget.name,
+            window=o.op.window,
+            spent=o.answer.spent,
+            reserved=o.answer.reserved,
+            measure=o.op.measure,
+            limit=o.answer.limit,
+        )
+    try:
+        if over or t.needs_approval(intent):
+            why = tuple(over_text(o.budget, o.op.window, o.answer, o.op.measure) for o in over)
+            grant = await observed_approval(t.name, wait_for_approval(t, intent, why))
+            intent = intent.model_copy(update={"approval": grant})
+            held += await reserve_overruns(over, grant.approved_by)
+    except BaseException:
+        await settle_for(held, spent=False)  # denied, expired or cancelled: nothing ran
+        raise
+    try:
+        result = await _run_tool(t, intent, on_unknown, flight)
+    except AmbiguousOutcome:
+        raise  # unknown: kept until its reconciliation settles it
+    except (CallAbandoned, ResultNotSerializable):
+        await settle_for(held, spent=True)  # it may have happened: the charge stands
+        raise
+    except BaseException:
+        await settle_for(held, spent=False)
+        raise
+    await settle_for(held, spent=True)
+    return result
+
+
+async def _run_tool(t: Tool, intent: Intent, on_unknown: OnUnknown, flight: Flight) -> Any:
     try:
         return await execute_tool_activity(t, intent, cancellation=_WAIT)
     except AmbiguousOutcome as err:

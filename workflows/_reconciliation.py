@@ -17,7 +17,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
-from exactcall._errors import AmbiguousOutcome, ToolFailed
+from exactcall._errors import AmbiguousOutcome, ToolFailed, UnknownTool
 from exactcall._metrics import reconciliation_parked, reconciliation_verdict
 from exactcall._model import Owner, RecordEvent
 from exactcall._tool import get_tool
@@ -40,11 +40,13 @@ from exactcall._verdicts import (
     UnresolvedCall,
     Verdict,
 )
+from exactcall._wire import BUDGETS_PATCH
 from exactcall._wire import MARKS_BY_ACTIVITY as MARKS_BY_ACTIVITY
 from exactcall._wire import PROBE_PREFIX as PROBE_PREFIX
 from exactcall._wire import TELLS_THE_CALL as TELLS_THE_CALL
 from exactcall._wire import probe_activity_name as probe_activity_name
 
+from ._budget import settle_intent
 from ._call import execute_call_activity
 from ._record import MARK_RECORD, mark_from_workflow
 from ._state import pinned_search_attributes
@@ -242,9 +244,22 @@ class Reconcile:
             {VERDICT_MEMO: {"verdict": s.verdict, "outcome": s.outcome, "by": s.decided_by}}
         )
         self._note(f"settled: {s.outcome} ({s.verdict}, decided by {s.decided_by})")
+        await self._settle_budgets(inp, s)
         if workflow.info().parent is None and workflow.patched(TELLS_THE_CALL):
             await self._tell_the_call(inp, s)
         return s
+
+    @staticmethod
+    async def _settle_budgets(inp: ReconcileInput, s: Settled) -> None:
+        """The call's budget reservations, kept while its outcome was unknown: landed or
+        abandoned keeps them (it may have happened), failed (not landed, then a re-run that
+        failed or did not happen) releases them."""
+        try:
+            t = get_tool(inp.intent.tool)
+        except UnknownTool:
+            return
+        if t.options.budgets and workflow.patched(BUDGETS_PATCH):
+            await settle_intent(t, inp.intent, spent=s.outcome != "failed")
 
     @staticmethod
     async def _tell_the_call(inp: ReconcileInput, s: Settled) -> None:

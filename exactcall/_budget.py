@@ -1,0 +1,315 @@
+"""Budgets: a bound across calls (``exactcall.Budget``), and the models of its ledger.
+
+A budget is reserved before a call's tool runs (and before it waits for its own approval), in
+a ledger that is a Temporal workflow of exactcall's: one per budget for ``scope="namespace"``,
+one per budget and workflow id for ``scope="workflow"``. Reservations are Updates, so
+concurrent calls on many workers are ordered by the ledger; one that would pass the limit is
+refused by the Update's validator (no history) and then, by default, waits for a person.
+A reservation is keyed by the call's key, so a retried attempt, a replay, a reset or a re-run
+of the same call reserves once.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from ._errors import ExactcallError, InvalidCall, register_error
+from ._wire import budget_id
+
+__all__ = [
+    "Budget",
+    "BudgetExceeded",
+    "BudgetView",
+    "Charge",
+    "ChargeAnswer",
+    "ChargeOp",
+    "LedgerInput",
+    "ledger_input",
+]
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+Measure = str | Callable[[Mapping[str, Any]], Any] | None
+
+
+@dataclass(frozen=True, eq=False)
+class Budget:
+    """A bound on what a tool's calls may spend, together, before a person says yes.
+
+    ``limit``: what may be spent (reserved, then kept) in a window. ``measure``: None counts
+    each call as 1; a string names the argument whose number is spent; a callable takes the
+    canonical args and returns the number (it runs in the workflow: keep it deterministic).
+    ``per``: the window, fixed windows in UTC counted from the epoch (a day is a UTC day);
+    None: one window for ever. ``scope``: ``"namespace"`` (shared by every workflow of the
+    namespace, on every worker) or ``"workflow"`` (per workflow id, across its runs).
+    ``on_exceed``: ``"approval"`` (the call waits for a person, bound to its argument hash) or
+    ``"refuse"`` (``BudgetExceeded``, nothing runs).
+    """
+
+    name: str
+    limit: float
+    per: timedelta | None = None
+    measure: Measure = None
+    scope: Literal["namespace", "workflow"] = "namespace"
+    on_exceed: Literal["approval", "refuse"] = "approval"
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        limit: float,
+        per: timedelta | None = None,
+        measure: Measure = None,
+        scope: Literal["namespace", "workflow"] = "namespace",
+        on_exceed: Literal["approval", "refuse"] = "approval",
+    ) -> None:
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise TypeError(
+                f"exactcall.Budget({name!r}): a name of letters, digits, '.', '_' and '-' "
+                "(up to 100), starting with a letter or digit"
+            )
+        if isinstance(limit, bool) or not isinstance(limit, int | float) or not limit >= 0:
+            raise TypeError(f"exactcall.Budget({name!r}, limit={limit!r}): a number >= 0")
+        if not math.isfinite(limit):
+            raise TypeError(f"exactcall.Budget({name!r}, limit={limit!r}): a finite number")
+        if per is not None and (not isinstance(per, timedelta) or per <= timedelta(0)):
+            raise TypeError(f"exactcall.Budget({name!r}, per={per!r}): a positive timedelta")
+        if measure is not None and not (isinstance(measure, str) or callable(measure)):
+            raise TypeError(
+                f"exactcall.Budget({name!r}, measure={measure!r}): None (count calls), an "
+                "argument's name, or a function of the canonical args"
+            )
+        if scope not in ("namespace", "workflow"):
+            raise TypeError(
+                f"exactcall.Budget({name!r}, scope={scope!r}): 'namespace' or 'workflow'"
+            )
+        if on_exceed not in ("approval", "refuse"):
+            raise TypeError(
+                f"exactcall.Budget({name!r}, on_exceed={on_exceed!r}): 'approval' or 'refuse'"
+            )
+        for k, v in (
+            ("name", name),
+            ("limit", limit),
+            ("per", per),
+            ("measure", measure),
+            ("scope", scope),
+            ("on_exceed", on_exceed),
+        ):
+            object.__setattr__(self, k, v)
+
+    def __repr__(self) -> str:
+        per = f", per={self.per}" if self.per else ""
+        return f"Budget({self.name!r}, limit={self.limit}{per}, scope={self.scope!r})"
+
+    def measure_of(self, tool: str, args: Mapping[str, Any]) -> float:
+        """What one call spends: a non-negative finite number, or ``InvalidCall``."""
+        m = self.measure
+        if m is None:
+            value: Any = 1
+        elif isinstance(m, str):
+            if m not in args:
+                raise InvalidCall(
+                    f"budget {self.name!r} measures argument {m!r}, which {tool} does not "
+                    f"have (its arguments: {', '.join(sorted(args))}); nothing ran",
+                    tool=tool,
+                    budget=self.name,
+                )
+            value = args[m]
+        else:
+            try:
+                value = m(args)
+            except Exception as exc:
+                raise InvalidCall(
+                    f"budget {self.name!r}: its measure raised {type(exc).__name__}: {exc}; "
+                    "nothing ran",
+                    tool=tool,
+                    budget=self.name,
+                ) from None
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            raise InvalidCall(
+                f"budget {self.name!r}: the measure of this {tool} call is {value!r}, not a "
+                "non-negative number; nothing ran",
+                tool=tool,
+                budget=self.name,
+                measure=repr(value),
+            )
+        return float(value)
+
+    def window_of(self, now: datetime) -> str:
+        """The window a call made at ``now`` falls in: its start in UTC (ISO), or ``all``."""
+        if self.per is None:
+            return "all"
+        step = self.per.total_seconds()
+        start = math.floor((now - _EPOCH).total_seconds() / step) * step
+        return (_EPOCH + timedelta(seconds=start)).isoformat().replace("+00:00", "Z")
+
+    def ledger_id(self, workflow_id: str) -> str:
+        return budget_id(self.name, workflow_id if self.scope == "workflow" else None)
+
+
+@register_error
+class BudgetExceeded(ExactcallError):
+    """The call would pass a budget declared ``on_exceed="refuse"``: nothing ran."""
+
+    code = "BudgetExceeded"
+
+
+# -- the ledger's models (the wire of its Updates and query) ---------------------------------
+_FROZEN = ConfigDict(frozen=True, extra="ignore")
+
+
+class Charge(BaseModel):
+    """One call's charge on a budget."""
+
+    model_config = _FROZEN
+
+    key: str
+    workflow_id: str
+    step: str
+    tool: str
+    measure: float
+    window: str
+    state: Literal["reserved", "spent", "released"]
+    overrun: bool = False
+    approved_by: tuple[str, ...] = ()
+    at: datetime
+
+
+class ChargeOp(BaseModel):
+    """What a call asks of a ledger (through the ``exactcall.budget`` local activity)."""
+
+    model_config = _FROZEN
+
+    op: Literal["reserve", "spend", "release"]
+    ledger_id: str
+    budget: str
+    limit: float
+    per_seconds: float | None
+    scope: str
+    task_queue: str
+    key: str
+    workflow_id: str = ""
+    step: str = ""
+    tool: str = ""
+    measure: float = 0.0
+    window: str = "all"
+    overrun_approved_by: tuple[str, ...] | None = None
+    """A person's yes to passing the limit: the reservation is made whatever is left."""
+
+
+class ChargeAnswer(BaseModel):
+    model_config = _FROZEN
+
+    ok: bool
+    """Reserved (or settled); False: over the limit, nothing reserved."""
+    state: str = ""
+    spent: float = 0.0
+    reserved: float = 0.0
+    limit: float = 0.0
+    window: str = "all"
+
+
+class LedgerInput(BaseModel):
+    model_config = _FROZEN
+
+    budget: str
+    scope: str
+    limit: float
+    per_seconds: float | None
+    charges: list[Charge] = []
+    pruned: dict[str, dict[str, float]] = {}
+    """Totals of windows whose charges were dropped (spent, calls), by window."""
+
+
+class WindowTotals(BaseModel):
+    model_config = _FROZEN
+
+    window: str
+    spent: float
+    reserved: float
+    limit: float
+    calls: int
+    overruns: int
+
+
+class BudgetView(BaseModel):
+    """Answer of the ledger's query: each window's totals, and (on request) its charges."""
+
+    model_config = _FROZEN
+
+    budget: str
+    scope: str
+    limit: float
+    per_seconds: float | None
+    windows: list[WindowTotals]
+    charges: list[Charge] = []
+
+
+def ledger_input(op: ChargeOp) -> LedgerInput:
+    """A new ledger's input, from its first call's operation."""
+    return LedgerInput(budget=op.budget, scope=op.scope, limit=op.limit, per_seconds=op.per_seconds)
+
+
+def window_end(window: str, per_seconds: float | None) -> datetime | None:
+    if window == "all" or per_seconds is None:
+        return None
+    return datetime.fromisoformat(window.replace("Z", "+00:00")) + timedelta(seconds=per_seconds)
+
+
+def totals(
+    charges: list[Charge], limit: float, pruned: Mapping[str, Mapping[str, float]]
+) -> list[WindowTotals]:
+    out: dict[str, dict[str, float]] = {}
+    for w, t in pruned.items():
+        out[w] = {
+            "spent": t.get("spent", 0.0),
+            "reserved": 0.0,
+            "calls": t.get("calls", 0.0),
+            "overruns": t.get("overruns", 0.0),
+        }
+    for c in charges:
+        t = out.setdefault(c.window, {"spent": 0.0, "reserved": 0.0, "calls": 0.0, "overruns": 0.0})
+        if c.state == "spent":
+            t["spent"] += c.measure
+        elif c.state == "reserved":
+            t["reserved"] += c.measure
+        if c.state != "released":
+            t["calls"] += 1
+            t["overruns"] += c.overrun
+    return [
+        WindowTotals(
+            window=w,
+            spent=t["spent"],
+            reserved=t["reserved"],
+            limit=limit,
+            calls=int(t["calls"]),
+            overruns=int(t["overruns"]),
+        )
+        for w, t in sorted(out.items())
+    ]
+
+
+def over_text(b: Budget, window: str, a: ChargeAnswer, measure: float) -> str:
+    """The reason a person reads: which budget, which window, spent, this call, the limit."""
+    w = "" if window == "all" else f" (window from {window})"
+    held = f", {_n(a.reserved)} reserved" if a.reserved else ""
+    return (
+        f"budget {b.name}{w}: {_n(a.spent)} spent{held}, this call {_n(measure)}, "
+        f"limit {_n(a.limit)}"
+    )
+
+
+def _n(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"

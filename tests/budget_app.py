@@ -1,0 +1,55 @@
+"""Budgeted tools for tests/test_budgets.py (each test has budgets of its own: a namespace
+budget's ledger lives as long as the server)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import exactcall
+from tests.tools import FAST, post
+
+refunds = exactcall.Budget("test-refunds", limit=5000, per=timedelta(days=1), measure="amount")
+writes_per_run = exactcall.Budget("test-writes-per-run", limit=3, scope="workflow")
+strict = exactcall.Budget("test-strict", limit=25, measure="amount", on_exceed="refuse")
+release = exactcall.Budget("test-release", limit=100, measure="amount", on_exceed="refuse")
+weighted = exactcall.Budget(
+    "test-weighted", limit=10, measure=lambda args: args["amount"] * len(args["to"]) % 7
+)
+
+
+@exactcall.tool(budgets=[refunds], heartbeat_timeout=FAST)
+def budget_refund(bank: str, amount: int, to: str) -> dict[str, Any]:
+    return post(bank, "/payments", {"amount": amount, "to": to})
+
+
+@exactcall.tool(budgets=[writes_per_run], heartbeat_timeout=FAST)
+def budget_write(bank: str, amount: int, to: str) -> dict[str, Any]:
+    return post(bank, "/payments", {"amount": amount, "to": to})
+
+
+@exactcall.tool(budgets=[strict], heartbeat_timeout=FAST)
+def budget_strict(bank: str, amount: int, to: str) -> dict[str, Any]:
+    return post(bank, "/payments", {"amount": amount, "to": to})
+
+
+@exactcall.tool(budgets=[release], heartbeat_timeout=FAST)
+def budget_release_fail(bank: str, amount: int, to: str, fail: bool = False) -> dict[str, Any]:
+    if fail:
+        raise exactcall.NotExecuted("declined before sending", retry=False)
+    return post(bank, "/payments", {"amount": amount, "to": to})
+
+
+@exactcall.tool(budgets=[release], heartbeat_timeout=FAST)
+def budget_release_unknown(bank: str, amount: int, to: str) -> dict[str, Any]:
+    post(bank, "/payments", {"amount": amount, "to": to})
+    raise RuntimeError("connection reset after the request was sent")
+
+
+crash_refunds = exactcall.Budget("test-crash-refunds", limit=5000, measure="amount")
+
+
+@exactcall.tool(budgets=[crash_refunds], provider_idempotent=True, heartbeat_timeout=FAST)
+def crash_refund(bank: str, amount: int, to: str) -> dict[str, Any]:
+    """Calls in flight on the killed worker are re-sent under their key: the bank dedupes."""
+    return post(bank, "/payments", {"amount": amount, "to": to}, exactcall.idempotency_headers())

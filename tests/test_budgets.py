@@ -1,0 +1,314 @@
+"""Budgets across calls, on a real server: reservations in the ledger workflow, a person for
+an overrun, every release rule, and a SIGKILLed worker mid-run (effects counted at the bank)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from temporalio.client import Client, WorkflowFailureError
+
+import exactcall
+from exactcall import approvals, reconciliation
+from exactcall._cli_budgets import view
+from exactcall._server import DevServer
+from exactcall.demo.bank import Bank
+from exactcall.testing import WorkerProcess
+from tests import budget_app as budget_app
+from tests.conftest import ROOT, plan, running_worker, start_agent, step
+from tests.test_approvals import eventually
+
+
+def charges(v: Any) -> dict[str, tuple[float, str]]:
+    return {c.step + "@" + c.workflow_id: (c.measure, c.state) for c in v.charges}
+
+
+async def pending_for(client: Client, wid: str, step_name: str) -> approvals.ApprovalRequest:
+    v = await eventually(
+        lambda: approvals.view(client, wid),
+        lambda v: any(p.step == step_name for p in v.pending),
+        timeout=30,
+    )
+    return next(p for p in v.pending if p.step == step_name)
+
+
+async def test_refuse_names_the_budget_and_runs_nothing(
+    server: DevServer, client: Client, bank: Bank, who: str, tq: str
+) -> None:
+    async with running_worker(client, tq):
+        h = await start_agent(
+            client, tq, plan(*[step("budget_strict", bank.url, 10, who) for _ in range(3)])
+        )
+        out = await h.result()
+        v = await view(client, "test-strict")
+        await _cli_lists_budgets_and_charges(server)
+    assert [("ok" in o) for o in out] == [True, True, False]
+    err = out[2]
+    assert err["error"] == "BudgetExceeded"
+    assert err["fields"] | {"args_hash": None} == {
+        "args_hash": None,
+        "budget": "test-strict",
+        "limit": 25.0,
+        "measure": 10.0,
+        "reserved": 0.0,
+        "spent": 20.0,
+        "step": "budget_strict#3",
+        "tool": "budget_strict",
+        "window": "all",
+    }
+    assert "would pass the budget test-strict: 20 spent, this call 10, limit 25" in err["message"]
+    assert bank.count(to=who) == 2
+    assert [(w.spent, w.reserved, w.calls) for w in v.windows] == [(20.0, 0.0, 2)]
+
+
+async def test_a_loop_budget_asks_a_person_and_counts_across_runs(
+    client: Client, bank: Bank, who: str, tq: str
+) -> None:
+    wid = f"loop-{uuid.uuid4().hex[:8]}"
+    async with running_worker(client, tq):
+        h = await start_agent(
+            client, tq, plan(*[step("budget_write", bank.url, i, who) for i in range(1, 6)]), wid
+        )
+        fourth = await pending_for(client, wid, "budget_write#4")
+        assert fourth.reasons == ("budget test-writes-per-run: 3 spent, this call 1, limit 3",)
+        res = await approvals.deny(
+            client, wid, fourth.step, args_hash=fourth.args_hash, by="ops", reason="enough"
+        )
+        assert res.accepted, res.outcome
+        fifth = await pending_for(client, wid, "budget_write#5")
+        res = await approvals.approve(client, wid, fifth.step, args_hash=fifth.args_hash, by="ops")
+        assert res.accepted, res.outcome
+        out = await h.result()
+        assert [o.get("error") for o in out] == [None, None, None, "ApprovalDenied", None]
+        assert bank.count(to=who) == 4
+        v = await view(client, "test-writes-per-run", wid)
+        assert [(w.spent, w.reserved, w.calls, w.overruns) for w in v.windows] == [(4.0, 0.0, 4, 1)]
+        [over] = [c for c in v.charges if c.overrun]
+        assert (over.step, over.approved_by, over.state) == ("budget_write#5", ("ops",), "spent")
+
+        # a new run of the same workflow id counts on: its first write already needs a person
+        # (under a step of its own: budget_write#1 again would be the first run's call)
+        again = await start_agent(
+            client, tq, plan(step("budget_write", bank.url, 99, who, key="later-write")), wid
+        )
+        req = await pending_for(client, wid, "later-write")
+        assert req.reasons == ("budget test-writes-per-run: 4 spent, this call 1, limit 3",)
+        await approvals.deny(client, wid, req.step, args_hash=req.args_hash, by="ops")
+        assert (await again.result())[0]["error"] == "ApprovalDenied"
+        v = await view(client, "test-writes-per-run", wid)
+        assert [(w.spent, w.reserved, w.calls) for w in v.windows] == [(4.0, 0.0, 4)]
+    assert bank.count(to=who) == 4
+
+
+async def test_what_each_outcome_does_to_its_reservation(
+    client: Client, bank: Bank, who: str, tq: str
+) -> None:
+    async with running_worker(client, tq):
+        failed = await start_agent(
+            client, tq, plan(step("budget_release_fail", bank.url, 60, who, fail=True))
+        )
+        assert (await failed.result())[0]["error"] == "ToolFailed"
+        landed = await start_agent(
+            client,
+            tq,
+            plan(step("budget_release_unknown", bank.url, 30, who, on_unknown="raise")),
+        )
+        abandoned = await start_agent(
+            client,
+            tq,
+            plan(step("budget_release_unknown", bank.url, 20, who, on_unknown="raise")),
+        )
+        for h in (landed, abandoned):
+            assert (await h.result())[0]["error"] == "AmbiguousOutcome"
+        v = await view(client, "test-release")
+        got = charges(v)
+        assert got[f"budget_release_fail#1@{failed.id}"] == (60.0, "released")
+        assert got[f"budget_release_unknown#1@{landed.id}"] == (30.0, "reserved")
+        assert got[f"budget_release_unknown#1@{abandoned.id}"] == (20.0, "reserved")
+        # unknown keeps the reservation: 50 of 100 are held, so 60 more is refused
+        over = await start_agent(client, tq, plan(step("budget_release_fail", bank.url, 60, who)))
+        assert (await over.result())[0]["error"] == "BudgetExceeded"
+        for h, verdict in ((landed, "landed"), (abandoned, "abandon")):
+            row = await eventually(
+                lambda h=h: reconciliation.find(client, h.id, "budget_release_unknown#1"),
+                lambda r: r is not None,
+                timeout=30,
+            )
+            res = await reconciliation.resolve(client, h.id, row.step, verdict, by="ops")  # type: ignore[arg-type]
+            assert res.accepted, res.outcome
+        v = await eventually(
+            lambda: view(client, "test-release"),
+            lambda v: not any(c.state == "reserved" for c in v.charges),
+            timeout=30,
+        )
+        got = charges(v)
+        assert got[f"budget_release_unknown#1@{landed.id}"] == (30.0, "spent")
+        assert got[f"budget_release_unknown#1@{abandoned.id}"] == (20.0, "spent")
+        done = await start_agent(client, tq, plan(step("budget_release_fail", bank.url, 50, who)))
+        assert "ok" in (await done.result())[0]
+        v = await view(client, "test-release")
+        assert [(w.spent, w.reserved) for w in v.windows] == [(100.0, 0.0)]
+        # two unknown outcomes that landed (30, 20) and one done call (50)
+        assert bank.count(to=who) == 3
+
+
+async def test_cancelled_while_waiting_for_a_person_releases(
+    client: Client, bank: Bank, who: str, tq: str
+) -> None:
+    wid = f"loop-cancel-{uuid.uuid4().hex[:8]}"
+    async with running_worker(client, tq):
+        steps = [step("budget_write", bank.url, i, who) for i in range(1, 5)]
+        h = await start_agent(client, tq, plan(*steps), wid)
+        await pending_for(client, wid, "budget_write#4")
+        await h.cancel()
+        with pytest.raises(WorkflowFailureError):
+            await h.result()
+        v = await view(client, "test-writes-per-run", wid)
+    assert [(w.spent, w.reserved, w.calls) for w in v.windows] == [(3.0, 0.0, 3)]
+    assert bank.count(to=who) == 3
+
+
+async def test_bad_measures_are_refused_before_anything_runs(
+    client: Client, bank: Bank, who: str, tq: str
+) -> None:
+    async with running_worker(client, tq):
+        h = await start_agent(client, tq, plan(step("budget_refund", bank.url, -5, who)))
+        out = await h.result()
+    assert out[0]["error"] == "InvalidCall"
+    msg = out[0]["message"]
+    assert "budget 'test-refunds': the measure of this budget_refund call is -5" in msg
+    assert bank.count(to=who) == 0
+
+
+def test_budget_declarations_are_checked() -> None:
+    with pytest.raises(TypeError, match="limit=-1"):
+        exactcall.Budget("x", limit=-1)
+    with pytest.raises(TypeError, match="scope='run'"):
+        exactcall.Budget("x", limit=1, scope="run")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="a name of letters"):
+        exactcall.Budget("has space", limit=1)
+    b = exactcall.Budget("day", limit=1, per=timedelta(days=1))
+    assert b.window_of(datetime(2026, 12, 2, 23, 59, tzinfo=UTC)) == "2026-12-02T00:00:00Z"
+    assert b.window_of(datetime(2026, 12, 3, 0, 0, tzinfo=UTC)) == "2026-12-03T00:00:00Z"
+    with pytest.raises(TypeError, match="read_only tool cannot have budgets"):
+        exactcall.tool(read_only=True, budgets=[b], name="budget_read")(lambda: 1)
+    with pytest.raises(TypeError, match=r"is not an exactcall\.Budget"):
+        exactcall.tool(budgets=["day"], name="budget_bad")(lambda: 1)
+
+
+@pytest.fixture
+def two_workers(server: DevServer) -> Iterator[list[WorkerProcess]]:
+    started: list[WorkerProcess] = []
+    yield started
+    for w in started:
+        w.stop()
+
+
+def _worker(server: DevServer, tq: str, crash_at: str | None = None) -> WorkerProcess:
+    return WorkerProcess(
+        server.address,
+        tq,
+        tools=["tests.tools", "tests.budget_app"],
+        workflows=["tests.workflows"],
+        crash_at=crash_at,
+        env={"EXACTCALL_LOG_LEVEL": "WARNING"},
+        cwd=ROOT,
+    )
+
+
+async def test_thirty_refunds_under_five_thousand_with_a_worker_killed(
+    server: DevServer, client: Client, bank: Bank, who: str, tq: str, two_workers: list[Any]
+) -> None:
+    # worker A is SIGKILLed right after its first refund reached the bank; B takes over
+    a = _worker(server, tq, crash_at="crash_refund:after_call:1")
+    two_workers.append(a)
+    await a.started()
+    prefix = f"refunds-{uuid.uuid4().hex[:6]}-"
+    handles = await asyncio.gather(
+        *(
+            start_agent(client, tq, plan(step("crash_refund", bank.url, 200, who)), f"{prefix}{i}")
+            for i in range(30)
+        )
+    )
+    assert await a.killed() == -9
+    b = _worker(server, tq)
+    two_workers.append(b)
+    await b.started()
+    waiting = await eventually(
+        lambda: approvals.list_pending(client),
+        lambda reqs: (
+            len([r for r in reqs if r.workflow_id.startswith(prefix)]) == 5
+            and bank.count(to=who) == 25
+        ),
+        timeout=90,
+    )
+    waiting = [r for r in waiting if r.workflow_id.startswith(prefix)]
+    assert bank.count(to=who) == 25  # exactly 25 ran, the crash made none twice
+    for r in waiting:  # when it was refused, the other 25 were spent or still reserved
+        [why] = r.reasons
+        m = re.fullmatch(
+            r"budget test-crash-refunds: (\d+) spent(?:, (\d+) reserved)?, this call 200, "
+            r"limit 5000",
+            why,
+        )
+        assert m is not None, why
+        assert int(m.group(1)) + int(m.group(2) or 0) == 5000, why
+    v = await eventually(  # the 25 calls settle their reservations once their results are in
+        lambda: view(client, "test-crash-refunds"),
+        lambda v: [w.reserved for w in v.windows] == [0.0],
+        timeout=30,
+    )
+    assert [(w.spent, w.reserved, w.calls) for w in v.windows] == [(5000.0, 0.0, 25)]
+    assert sum(p["amount"] for p in bank.payments() if p["to_account"] == who) == 5000
+    for r in waiting:  # no person says yes: nothing more runs, nothing more is charged
+        res = await approvals.deny(client, r.workflow_id, r.step, args_hash=r.args_hash, by="ops")
+        assert res.accepted, res.outcome
+    outs = [await h.result() for h in handles]
+    assert sorted(o[0].get("error") or "ok" for o in outs) == ["ApprovalDenied"] * 5 + ["ok"] * 25
+    v = await view(client, "test-crash-refunds")
+    assert [(w.spent, w.reserved, w.calls) for w in v.windows] == [(5000.0, 0.0, 25)]
+    assert bank.count(to=who) == 25
+
+
+async def _cli_lists_budgets_and_charges(server: DevServer) -> None:
+    env = {**os.environ, "EXACTCALL_LOG_LEVEL": "WARNING"}
+    args = ["--address", server.address]
+    out = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "exactcall", "budgets", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr
+    line = next(x for x in out.stdout.splitlines() if x.startswith("test-strict "))
+    assert line.split()[1:] == ["namespace", "all", "20", "0", "25", "2", "0"]
+    show = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "exactcall", "budgets", "show", "test-strict", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    assert show.returncode == 0, show.stderr
+    assert "test-strict window all: 20 spent, 0 reserved, limit 25, 2 calls" in show.stdout
+    assert show.stdout.count(" spent ") >= 2
+    missing = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "exactcall", "budgets", "show", "no-such", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    assert missing.returncode == 2 and "no running ledger of budget 'no-such'" in missing.stderr

@@ -1,0 +1,292 @@
+"""Budgets in workflows: the ledger (a workflow of exactcall's), and what a call does with it.
+
+The ledger holds every charge of one budget (or of one budget and workflow id), by the call's
+key. ``reserve`` is an Update whose validator refuses a reservation that would pass the limit
+(no history is written for a refusal); its handler checks again (two Updates delivered in one
+workflow task are validated before either handler runs) and records the charge. ``settle``
+marks a charge spent or released. Both are idempotent by key. It continues as new before its
+history grows large, carrying the charges; a ledger with nothing reserved and no charge for
+``IDLE`` closes (a windowed budget's closed windows are then forgotten, which they may be).
+
+A call (``reserve_for``, then ``settle_for``) reaches its ledgers through the
+``exactcall.budget`` local activity: one marker in the caller's history per ledger operation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ApplicationError
+
+from exactcall._budget import (
+    Budget,
+    BudgetView,
+    Charge,
+    ChargeAnswer,
+    ChargeOp,
+    LedgerInput,
+    totals,
+    window_end,
+)
+from exactcall._model import Intent
+from exactcall._tool import Tool
+from exactcall._wire import (
+    BUDGET_ACTIVITY,
+    BUDGET_MEMO,
+    BUDGET_OVER,
+    BUDGET_RESERVE_UPDATE,
+    BUDGET_SETTLE_UPDATE,
+    BUDGET_STATE_QUERY,
+    BUDGET_WORKFLOW,
+)
+
+__all__ = ["BudgetLedger", "Held", "reserve_for", "reserve_overruns", "settle_for", "settle_intent"]
+
+IDLE = timedelta(days=7)
+OVER = BUDGET_OVER  # the validator's refusal (what the activity turns into ok=False)
+_MAX_EVENTS = 2_000
+
+
+@workflow.defn(name=BUDGET_WORKFLOW, sandboxed=False)  # pure code over exactcall's models
+class BudgetLedger:
+    @workflow.init
+    def __init__(self, inp: LedgerInput) -> None:
+        # set before any Update is handled: the first reservation comes with the start
+        self._inp: LedgerInput | None = inp
+        self._limit = inp.limit
+        self._charges: dict[str, Charge] = {c.key: c for c in inp.charges}
+        self._touched = 0
+
+    @workflow.run
+    async def run(self, inp: LedgerInput) -> None:
+        published = -1
+        while True:
+            if published != self._touched:  # once per workflow task that changed something
+                published = self._touched
+                view = self.state().model_dump(mode="json", exclude={"charges"})
+                workflow.upsert_memo({BUDGET_MEMO: view})
+            seen = self._touched
+            try:
+                await workflow.wait_condition(
+                    lambda seen=seen: self._touched != seen or _suggested(),
+                    timeout=IDLE,
+                    timeout_summary="budget idle",
+                )
+            except TimeoutError:
+                if not any(c.state == "reserved" for c in self._charges.values()):
+                    await workflow.wait_condition(workflow.all_handlers_finished)
+                    return
+            if _suggested():
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                workflow.continue_as_new(self._carry())
+
+    def _carry(self) -> LedgerInput:
+        """The next run's input: the charges, less those of windows closed for ``IDLE``
+        (their totals are kept; a call re-run that late is a new charge)."""
+        assert self._inp is not None
+        now = workflow.now()
+        pruned = {w: dict(t) for w, t in self._inp.pruned.items()}
+        keep = []
+        for c in self._charges.values():
+            end = window_end(c.window, self._inp.per_seconds)
+            if c.state == "reserved" or end is None or end + IDLE > now:
+                keep.append(c)
+                continue
+            t = pruned.setdefault(c.window, {"spent": 0.0, "calls": 0.0, "overruns": 0.0})
+            if c.state == "spent":
+                t["spent"] += c.measure
+                t["calls"] += 1
+                t["overruns"] += c.overrun
+        return self._inp.model_copy(
+            update={"limit": self._limit, "charges": keep, "pruned": pruned}
+        )
+
+    def _used(self, window: str) -> tuple[float, float]:
+        spent = reserved = 0.0
+        for c in self._charges.values():
+            if c.window != window:
+                continue
+            if c.state == "spent":
+                spent += c.measure
+            elif c.state == "reserved":
+                reserved += c.measure
+        assert self._inp is not None
+        spent += self._inp.pruned.get(window, {}).get("spent", 0.0)
+        return spent, reserved
+
+    def _refusal(self, op: ChargeOp) -> ApplicationError | None:
+        if op.key in self._charges or op.overrun_approved_by is not None:
+            return None
+        spent, reserved = self._used(op.window)
+        if spent + reserved + op.measure <= op.limit:
+            return None
+        return ApplicationError(
+            f"budget {op.budget}: {spent} spent, {reserved} reserved, this call {op.measure}, "
+            f"limit {op.limit}",
+            {"spent": spent, "reserved": reserved, "limit": op.limit, "window": op.window},
+            type=OVER,
+            non_retryable=True,
+        )
+
+    @workflow.update(name=BUDGET_RESERVE_UPDATE)
+    def reserve(self, op: ChargeOp) -> ChargeAnswer:
+        self._limit = op.limit  # the declaration of the latest call
+        refused = self._refusal(op)
+        if refused is not None:  # validated together with another reservation
+            raise refused
+        c = self._charges.get(op.key)
+        if c is None:
+            c = Charge(
+                key=op.key,
+                workflow_id=op.workflow_id,
+                step=op.step,
+                tool=op.tool,
+                measure=op.measure,
+                window=op.window,
+                state="reserved",
+                overrun=op.overrun_approved_by is not None,
+                approved_by=op.overrun_approved_by or (),
+                at=workflow.now(),
+            )
+            self._charges[op.key] = c
+            self._touched += 1
+        return self._answer(c)
+
+    @reserve.validator
+    def _validate_reserve(self, op: ChargeOp) -> None:
+        refused = self._refusal(op)
+        if refused is not None:
+            raise refused
+
+    @workflow.update(name=BUDGET_SETTLE_UPDATE)
+    def settle(self, op: ChargeOp) -> ChargeAnswer:
+        c = self._charges.get(op.key)
+        if c is None:
+            return ChargeAnswer(ok=True, state="none", limit=self._limit, window=op.window)
+        if c.state == "reserved":
+            c = c.model_copy(update={"state": "spent" if op.op == "spend" else "released"})
+            self._charges[op.key] = c
+            self._touched += 1
+        return self._answer(c)
+
+    def _answer(self, c: Charge) -> ChargeAnswer:
+        spent, reserved = self._used(c.window)
+        return ChargeAnswer(
+            ok=True,
+            state=c.state,
+            spent=spent,
+            reserved=reserved,
+            limit=self._limit,
+            window=c.window,
+        )
+
+    @workflow.query(name=BUDGET_STATE_QUERY)
+    def state(self, with_charges: bool = False) -> BudgetView:
+        assert self._inp is not None
+        charges = list(self._charges.values())
+        return BudgetView(
+            budget=self._inp.budget,
+            scope=self._inp.scope,
+            limit=self._limit,
+            per_seconds=self._inp.per_seconds,
+            windows=totals(charges, self._limit, self._inp.pruned),
+            charges=charges if with_charges else [],
+        )
+
+
+def _suggested() -> bool:
+    info = workflow.info()
+    return info.is_continue_as_new_suggested() or info.get_current_history_length() > _MAX_EVENTS
+
+
+# -- the calling side ------------------------------------------------------------------------
+@dataclass
+class Held:
+    """A budget a call has reserved on (to spend or release when its outcome is known)."""
+
+    budget: Budget
+    op: ChargeOp
+
+
+@dataclass
+class Over:
+    """A budget the call would pass: what a person is asked about."""
+
+    budget: Budget
+    op: ChargeOp
+    answer: ChargeAnswer
+
+
+def _op(b: Budget, intent: Intent, measure: float, window: str) -> ChargeOp:
+    return ChargeOp(
+        op="reserve",
+        ledger_id=b.ledger_id(intent.workflow_id),
+        budget=b.name,
+        limit=float(b.limit),
+        per_seconds=b.per.total_seconds() if b.per else None,
+        scope=b.scope,
+        task_queue=intent.record_task_queue,
+        key=intent.key,
+        workflow_id=intent.workflow_id,
+        step=intent.step,
+        tool=intent.tool,
+        measure=measure,
+        window=window,
+    )
+
+
+async def _charge(op: ChargeOp) -> ChargeAnswer:
+    return await workflow.execute_local_activity(
+        BUDGET_ACTIVITY,
+        op,
+        result_type=ChargeAnswer,
+        start_to_close_timeout=timedelta(seconds=30),
+        retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=5)),
+        summary=f"budget {op.budget}: {op.op} {op.tool} {op.step}",
+    )
+
+
+async def reserve_for(t: Tool, intent: Intent) -> tuple[list[Held], list[Over]]:
+    """Reserve the call's measure on each of its tool's budgets. Measures are checked first,
+    so bad input reserves nothing."""
+    now = workflow.now()
+    plan = [(b, b.measure_of(t.name, intent.args)) for b in t.options.budgets]
+    held: list[Held] = []
+    over: list[Over] = []
+    for b, m in plan:
+        op = _op(b, intent, m, b.window_of(now))
+        answer = await _charge(op)
+        if answer.ok:
+            held.append(Held(b, op))
+        else:
+            over.append(Over(b, op, answer))
+    return held, over
+
+
+async def reserve_overruns(over: Sequence[Over], approved_by: tuple[str, ...]) -> list[Held]:
+    """A person said yes: reserve each passed budget as an approved overrun."""
+    out = []
+    for o in over:
+        op = o.op.model_copy(update={"overrun_approved_by": approved_by})
+        await _charge(op)
+        out.append(Held(o.budget, op))
+    return out
+
+
+async def settle_intent(t: Tool, intent: Intent, spent: bool) -> None:
+    """Settle the reservations of ``intent`` (a reconciliation's verdict on an unknown
+    outcome): by key, so nothing of the call is needed but its tool's budgets."""
+    for b in t.options.budgets:
+        await _charge(
+            _op(b, intent, 0.0, "all").model_copy(update={"op": "spend" if spent else "release"})
+        )
+
+
+async def settle_for(held: Sequence[Held], spent: bool) -> None:
+    """The call's outcome is known: keep (spend) or release each reservation."""
+    for h in held:
+        await _charge(h.op.model_copy(update={"op": "spend" if spent else "release"}))

@@ -2,8 +2,8 @@
 
 ``reserve`` is an Update-with-Start (the ledger starts at its budget's first call); a
 refusal by the Update's validator comes back as ``ok=False`` with the ledger's figures.
-``spend`` and ``release`` are Updates on the running ledger; one that has closed (idle for
-days) has nothing left to settle.
+``spend`` and ``release`` are signals to the running ledger (nothing waits for its workflow
+task); one that has closed (idle for days, nothing reserved) has nothing left to settle.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from exactcall._wire import (
     BUDGET_ACTIVITY,
     BUDGET_OVER,
     BUDGET_RESERVE_UPDATE,
-    BUDGET_SETTLE_UPDATE,
+    BUDGET_SETTLE_SIGNAL,
     BUDGET_WORKFLOW,
 )
 
@@ -33,9 +33,8 @@ async def budget_charge(op: ChargeOp) -> ChargeAnswer:
     client = activity.client()
     if op.op != "reserve":
         try:
-            return await client.get_workflow_handle(op.ledger_id).execute_update(
-                BUDGET_SETTLE_UPDATE, op, result_type=ChargeAnswer
-            )
+            await client.get_workflow_handle(op.ledger_id).signal(BUDGET_SETTLE_SIGNAL, op)
+            return ChargeAnswer(ok=True, state="sent", limit=op.limit, window=op.window)
         except RPCError as exc:
             if exc.status != RPCStatusCode.NOT_FOUND:
                 raise

@@ -22,6 +22,9 @@ ec_work = exactcall.tool(name="ec_work")(work)
 ec_work_pi = exactcall.tool(name="ec_work_pi", provider_idempotent=True)(work)
 """The same, declared provider-idempotent (``--provider-idempotent``): no pre-call heartbeat."""
 bare_work = activity.defn(name="bare_work")(work)
+BENCH_BUDGET = exactcall.Budget("bench-calls", limit=10**12)
+"""A namespace budget no bench run reaches: each call reserves and spends 1 (bench/budget.py)."""
+ec_work_budgeted = exactcall.tool(name="ec_work_budgeted", budgets=[BENCH_BUDGET])(work)
 
 
 @workflow.defn

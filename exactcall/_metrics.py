@@ -37,6 +37,9 @@ __all__ = [
     "APPROVALS_PENDING",
     "APPROVAL_DECISIONS",
     "APPROVAL_REQUESTS",
+    "BUDGET_LIMIT",
+    "BUDGET_RESERVED",
+    "BUDGET_SPENT",
     "CALLS",
     "CALLS_PARKED",
     "DECISION_LATENCY",
@@ -67,6 +70,13 @@ APPROVALS_PENDING = "exactcall_approvals_pending"
 """Gauge {tool}: calls waiting for approval now (read from the server's visibility)."""
 CALLS_PARKED = "exactcall_calls_parked"
 """Gauge {tool}: calls whose outcome is unknown, parked for a person now (visibility)."""
+
+BUDGET_SPENT = "exactcall_budget_spent"
+"""Gauge {budget}: a namespace budget's current window, spent (its ledger's memo)."""
+BUDGET_RESERVED = "exactcall_budget_reserved"
+"""Gauge {budget}: reserved by calls whose outcome is not settled yet."""
+BUDGET_LIMIT = "exactcall_budget_limit"
+"""Gauge {budget}: its limit (alert on spent / limit)."""
 
 _HELP = {
     CALLS: "exactcall tool calls by outcome",

@@ -224,6 +224,14 @@ class Plugin(SimplePlugin):
                 f"({client.data_converter.payload_converter_class.__name__}): put "
                 "exactcall.Plugin() on Client.connect(plugins=[...]) rather than on the Worker"
             )
+        budgeted = sorted(t.name for t in self.tools if t.options.budgets)
+        if self._parts.workflows and budgeted and config.get("max_cached_workflows") == 0:
+            raise ExactcallError(
+                f"tools with budgets= ({', '.join(budgeted)}) need a workflow cache on the "
+                "worker that runs their workflows: a call reserves through a local activity, "
+                "which Temporal cancels and re-runs without end when max_cached_workflows=0. "
+                "Leave max_cached_workflows at its default (or any value above 0)"
+            )
         if config.get("sticky_queue_schedule_to_start_timeout") == TEMPORAL_STICKY_TIMEOUT:
             # a workflow cached by a worker that died waits this long on its sticky queue
             # before another worker takes its next task: Temporal's 10 s would hold every

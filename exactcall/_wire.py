@@ -18,7 +18,7 @@ __all__ = [
     "BUDGET_MEMO",
     "BUDGET_OVER",
     "BUDGET_RESERVE_UPDATE",
-    "BUDGET_SETTLE_UPDATE",
+    "BUDGET_SETTLE_SIGNAL",
     "BUDGET_STATE_QUERY",
     "BUDGET_WORKFLOW",
     "CANCELLED_MEMO",
@@ -204,7 +204,7 @@ has closed (records close by themselves); before, by an external signal."""
 BUDGET_WORKFLOW = "exactcall.Budget"
 """A budget's ledger: one per budget (scope namespace), or per budget and workflow id."""
 BUDGET_RESERVE_UPDATE = "exactcall.budget.reserve"
-BUDGET_SETTLE_UPDATE = "exactcall.budget.settle"
+BUDGET_SETTLE_SIGNAL = "exactcall.budget.settle"
 BUDGET_STATE_QUERY = "exactcall.budget.state"
 BUDGET_ACTIVITY = "exactcall.budget"
 """The local activity through which a workflow reserves, spends and releases."""
@@ -223,7 +223,7 @@ def budget_id(name: str, workflow_id: str | None = None) -> str:
 
 BUDGET_OVER = "exactcall.BudgetOver"
 """Failure type of a reservation the ledger's validator refused (over the limit)."""
-BUDGET_MEMO = "exactcall.budget"
+BUDGET_MEMO = "exactcall.budget.totals"
 """A ledger's totals per window (what ``exactcall budgets`` lists without a worker)."""
 
 # -- audit -----------------------------------------------------------------------------------

@@ -15,9 +15,13 @@ connected with, next to Temporal's own (``exactcall worker --metrics-prometheus 
                                                   probe or person; parked by probe or none
     exactcall_approvals_pending{tool}             gauge: calls waiting for approval now
     exactcall_calls_parked{tool}                  gauge: unknown outcomes parked for a person now
+    exactcall_budget_spent{budget}                gauge: a namespace budget's current window:
+    exactcall_budget_reserved{budget}                    spent, reserved (calls not settled
+    exactcall_budget_limit{budget}                       yet, pending approvals too), limit
 
-The two gauges are read from the server (the ``ExactcallPending`` / ``ExactcallUnresolved``
-search attributes and the workflows' memos) by :func:`report_backlog`, which
+The gauges are read from the server (the ``ExactcallPending`` / ``ExactcallUnresolved``
+search attributes and the workflows' memos, and each budget ledger's memo) by
+:func:`report_backlog`, which
 ``exactcall worker`` runs when metrics are on; every worker that runs it reports the same
 cluster-wide numbers (take ``max`` across workers, not ``sum``).
 """
@@ -37,6 +41,9 @@ from ._metrics import (
     APPROVAL_DECISIONS,
     APPROVAL_REQUESTS,
     APPROVALS_PENDING,
+    BUDGET_LIMIT,
+    BUDGET_RESERVED,
+    BUDGET_SPENT,
     CALLS,
     CALLS_PARKED,
     DECISION_LATENCY,
@@ -118,6 +125,19 @@ async def backlog(client: Client) -> tuple[dict[str, int], dict[str, int]]:
     return pending, parked
 
 
+async def budget_figures(client: Client) -> dict[str, tuple[float, float, float]]:
+    """Each namespace budget's latest window: (spent, reserved, limit), from its ledger's memo.
+    Workflow-scope budgets are left out (a series per workflow id would not stay bounded)."""
+    from ._cli_budgets import ledgers
+
+    out: dict[str, tuple[float, float, float]] = {}
+    async for _, v in ledgers(client):
+        if v.scope == "namespace" and v.windows:
+            w = max(v.windows, key=lambda w: w.window)
+            out[v.budget] = (w.spent, w.reserved, w.limit)
+    return out
+
+
 @contextlib.asynccontextmanager
 async def report_backlog(
     client: Client, every: timedelta = timedelta(seconds=30)
@@ -141,11 +161,17 @@ async def _report(client: Client, every: float) -> None:
         APPROVALS_PENDING: meter.create_gauge(APPROVALS_PENDING, "calls waiting for approval"),
         CALLS_PARKED: meter.create_gauge(CALLS_PARKED, "unknown outcomes parked for a person"),
     }
+    budget_gauges = (
+        meter.create_gauge_float(BUDGET_SPENT, "a namespace budget's current window: spent"),
+        meter.create_gauge_float(BUDGET_RESERVED, "... reserved, not settled yet"),
+        meter.create_gauge_float(BUDGET_LIMIT, "... its limit"),
+    )
     seen: dict[str, set[str]] = {APPROVALS_PENDING: set(), CALLS_PARKED: set()}
     failing = False
     while True:
         try:
             pending, parked = await backlog(client)
+            budgets = await budget_figures(client)
         except Exception as exc:  # the server is away or lacks the search attributes
             if not failing:
                 log.warning("metrics.backlog_unavailable", error=f"{type(exc).__name__}: {exc}")
@@ -156,4 +182,7 @@ async def _report(client: Client, every: float) -> None:
                 seen[name] |= set(by_tool)
                 for tool in seen[name]:
                     gauges[name].set(by_tool.get(tool, 0), {"tool": tool})
+            for budget, figures in budgets.items():
+                for gauge, value in zip(budget_gauges, figures, strict=True):
+                    gauge.set(value, {"budget": budget})
         await asyncio.sleep(every)

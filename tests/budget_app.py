@@ -53,3 +53,12 @@ crash_refunds = exactcall.Budget("test-crash-refunds", limit=5000, measure="amou
 def crash_refund(bank: str, amount: int, to: str) -> dict[str, Any]:
     """Calls in flight on the killed worker are re-sent under their key: the bank dedupes."""
     return post(bank, "/payments", {"amount": amount, "to": to}, exactcall.idempotency_headers())
+
+
+mt_refunds = exactcall.Budget("mt-refunds", limit=1000, measure="amount")
+
+
+@exactcall.tool(budgets=[mt_refunds], provider_idempotent=True, heartbeat_timeout=FAST)
+def mt_budgeted_pay(bank: str, amount: int, to: str) -> dict[str, Any]:
+    """tests/test_metrics.py: charges its amount to the namespace budget ``mt-refunds``."""
+    return post(bank, "/payments", {"amount": amount, "to": to}, exactcall.idempotency_headers())

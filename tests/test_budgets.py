@@ -20,11 +20,13 @@ import exactcall
 from exactcall import approvals, reconciliation
 from exactcall._cli_budgets import view
 from exactcall._server import DevServer
+from exactcall._worker import build_worker
 from exactcall.demo.bank import Bank
 from exactcall.testing import WorkerProcess
 from tests import budget_app as budget_app
 from tests.conftest import ROOT, plan, running_worker, start_agent, step
 from tests.test_approvals import eventually
+from tests.workflows import Agent
 
 
 def charges(v: Any) -> dict[str, tuple[float, str]]:
@@ -202,6 +204,13 @@ def test_budget_declarations_are_checked() -> None:
         exactcall.tool(read_only=True, budgets=[b], name="budget_read")(lambda: 1)
     with pytest.raises(TypeError, match=r"is not an exactcall\.Budget"):
         exactcall.tool(budgets=["day"], name="budget_bad")(lambda: 1)
+
+
+async def test_a_worker_without_a_workflow_cache_is_refused(client: Client, tq: str) -> None:
+    # a reservation is a local activity, which Temporal re-runs without end on such a worker
+    with pytest.raises(exactcall.ExactcallError, match="need a workflow cache") as err:
+        build_worker(client, tq, [Agent], max_cached_workflows=0)
+    assert "budget_refund" in str(err.value)
 
 
 @pytest.fixture

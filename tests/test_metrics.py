@@ -34,8 +34,9 @@ from exactcall._cli_telemetry import client_kwargs
 from exactcall._server import DevServer
 from exactcall.demo.bank import Bank
 from exactcall.testing import WorkerProcess
+from tests import budget_app as budget_app
 from tests import metrics_app
-from tests.conftest import ROOT, plan, step
+from tests.conftest import ROOT, plan, running_worker, step
 from tests.workflows import Agent
 
 Labels = frozenset[tuple[str, str]]
@@ -220,6 +221,24 @@ async def test_pending_approvals_and_decision_latency(
     assert m.value(f"{latency}_sum", decision="approved", **tool) - ms_latency >= 1000
     assert m.value("exactcall_approval_requests", **tool) == requests + 2  # not on replay
     assert bank.count(to=who) == 1
+
+
+async def test_budget_gauges_from_the_ledger(
+    client: Client, observed: tuple[str, Metrics, Path], bank: Bank, who: str
+) -> None:
+    # the calls run on a worker of their own: the metrics worker has no workflow cache, and
+    # a budgeted call's local activity needs one (such a worker is refused, see test_budgets)
+    _, m, _ = observed
+    tq = f"tq-budget-{uuid.uuid4().hex[:8]}"
+    async with running_worker(client, tq):
+        for amount in (10, 20):
+            out = await run_plan(client, tq, plan(step("mt_budgeted_pay", bank.url, amount, who)))
+            assert "ok" in out[0], out
+    budget = {"budget": "mt-refunds"}
+    await m.until("exactcall_budget_spent", 30, **budget)  # read from the ledger's memo
+    await m.until("exactcall_budget_reserved", 0, **budget)
+    await m.until("exactcall_budget_limit", 1000, **budget)
+    assert bank.count(to=who) == 2
 
 
 async def _pending(client: Client, wid: str) -> approvals.ApprovalRequest:

@@ -3,10 +3,11 @@
 The ledger holds every charge of one budget (or of one budget and workflow id), by the call's
 key. ``reserve`` is an Update whose validator refuses a reservation that would pass the limit
 (no history is written for a refusal); its handler checks again (two Updates delivered in one
-workflow task are validated before either handler runs) and records the charge. ``settle``
-marks a charge spent or released. Both are idempotent by key. It continues as new before its
-history grows large, carrying the charges; a ledger with nothing reserved and no charge for
-``IDLE`` closes (a windowed budget's closed windows are then forgotten, which they may be).
+workflow task are validated before either handler runs) and records the charge. ``settle`` (a
+signal: the caller does not wait for the ledger) marks a charge spent or released. Both are
+idempotent by key. It continues as new before its history grows large, carrying the charges;
+a ledger with nothing reserved and no charge for ``IDLE`` closes (a windowed budget's
+closed windows are then forgotten, which they may be).
 
 A call (``reserve_for``, then ``settle_for``) reaches its ledgers through the
 ``exactcall.budget`` local activity: one marker in the caller's history per ledger operation.
@@ -39,7 +40,7 @@ from exactcall._wire import (
     BUDGET_MEMO,
     BUDGET_OVER,
     BUDGET_RESERVE_UPDATE,
-    BUDGET_SETTLE_UPDATE,
+    BUDGET_SETTLE_SIGNAL,
     BUDGET_STATE_QUERY,
     BUDGET_WORKFLOW,
 )
@@ -162,16 +163,15 @@ class BudgetLedger:
         if refused is not None:
             raise refused
 
-    @workflow.update(name=BUDGET_SETTLE_UPDATE)
-    def settle(self, op: ChargeOp) -> ChargeAnswer:
+    @workflow.signal(name=BUDGET_SETTLE_SIGNAL)
+    def settle(self, op: ChargeOp) -> None:
+        """A signal, not an Update: the caller needs no answer and does not wait for this
+        ledger's workflow task (its reservation was accepted before, so the charge is here)."""
         c = self._charges.get(op.key)
-        if c is None:
-            return ChargeAnswer(ok=True, state="none", limit=self._limit, window=op.window)
-        if c.state == "reserved":
+        if c is not None and c.state == "reserved":
             c = c.model_copy(update={"state": "spent" if op.op == "spend" else "released"})
             self._charges[op.key] = c
             self._touched += 1
-        return self._answer(c)
 
     def _answer(self, c: Charge) -> ChargeAnswer:
         spent, reserved = self._used(c.window)

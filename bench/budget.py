@@ -1,0 +1,183 @@
+"""What a namespace budget costs a call: the same exactcall tool with and without one.
+
+    python bench/budget.py                  # embedded dev server (fast config)
+    python bench/budget.py --address host:7233
+
+``ec_work`` and ``ec_work_budgeted`` (bench/_bench_workflows.py) are the same function; the
+second carries ``exactcall.Budget("bench-calls", limit=10**12)``, which no run reaches, so
+each of its calls reserves 1 on the budget's ledger before it runs and spends it after.
+On one server, in one run, interleaved (ABBA) after a warm-up:
+
+* **sequential**: ms per call of ``--calls`` sequential calls in one workflow;
+* **latency**: one call per workflow, start to result, p50 and p95;
+* **requests**: the server's own ``service_requests`` count per call (frontend, this
+  namespace, polls and worker heartbeats left out), over ``--calls`` calls in one workflow;
+* **history bytes** per call: the caller's history, and for the budgeted tool the ledger's
+  history too (the ledger's events are the budget's own, not the caller's).
+
+Prints figures and writes them as JSON; asserts nothing on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from _accounting import WORKER_OWN, diff, history_bytes, scrape  # noqa: E402
+
+from bench._bench_workflows import BENCH_BUDGET, ExactCalls  # noqa: E402
+from exactcall._log import configure_logging  # noqa: E402
+from exactcall._server import DevServer, free_port  # noqa: E402
+from exactcall._wire import budget_id  # noqa: E402
+from exactcall._worker import Connection, build_worker, connect  # noqa: E402
+
+MODES = {"plain": "ec_work", "budgeted": "ec_work_budgeted"}
+
+
+def abba(i: int) -> list[str]:
+    return ["plain", "budgeted"] if i % 2 == 0 else ["budgeted", "plain"]
+
+
+def pct(values: list[float], p: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    configure_logging("WARNING")
+    server = None
+    metrics_url = None
+    if args.address:
+        address = args.address
+    else:
+        port = free_port()
+        server = DevServer(fast=True, extra_args=["--metrics-port", str(port)])
+        server.start()
+        address = server.address
+        metrics_url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        client = await connect(Connection(address=address))
+        tq = f"bench-budget-{uuid.uuid4().hex[:8]}"
+        ns = client.namespace
+        out: dict[str, Any] = {
+            "when": datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ"),
+            "server": "existing " + address if args.address else "embedded dev server (fast)",
+            "calls_per_workflow": args.calls,
+            "rounds": args.rounds,
+            "one_call_workflows_per_mode": args.latency_n,
+        }
+        async with build_worker(client, tq, [ExactCalls], max_concurrent_activities=50):
+
+            async def run(mode: str, count: int) -> tuple[str, float]:
+                wid = f"bench-budget-{mode}-{uuid.uuid4().hex[:8]}"
+                t0 = time.perf_counter()
+                await client.execute_workflow(
+                    ExactCalls.run, args=[count, MODES[mode]], id=wid, task_queue=tq
+                )
+                return wid, time.perf_counter() - t0
+
+            for mode in MODES:  # warm-up: the ledger starts, sandbox and caches are warm
+                await run(mode, 5)
+
+            per_call: dict[str, list[float]] = {m: [] for m in MODES}
+            for i in range(args.rounds):
+                for mode in abba(i):
+                    _, s = await run(mode, args.calls)
+                    per_call[mode].append(s * 1000 / args.calls)
+            out["sequential_ms_per_call"] = {
+                m: round(statistics.median(v), 2) for m, v in per_call.items()
+            }
+            out["sequential_ratio"] = round(
+                out["sequential_ms_per_call"]["budgeted"] / out["sequential_ms_per_call"]["plain"],
+                3,
+            )
+            print(f"  sequential ms per call: {out['sequential_ms_per_call']}", flush=True)
+
+            lat: dict[str, list[float]] = {m: [] for m in MODES}
+            for i in range(args.latency_n):
+                for mode in abba(i):
+                    _, s = await run(mode, 1)
+                    lat[mode].append(s * 1000)
+            out["latency_ms"] = {
+                m: {"p50": round(pct(v, 50), 2), "p95": round(pct(v, 95), 2)}
+                for m, v in lat.items()
+            }
+            out["latency_p50_ratio"] = round(
+                out["latency_ms"]["budgeted"]["p50"] / out["latency_ms"]["plain"]["p50"], 3
+            )
+            print(f"  one-call latency ms: {out['latency_ms']}", flush=True)
+
+            ledger = budget_id(BENCH_BUDGET.name)
+            accounting: dict[str, Any] = {}
+            for mode in MODES:
+                await asyncio.sleep(1.5)  # the previous mode's last requests are reported
+                before = scrape(metrics_url, ns) if metrics_url else None
+                ledger_before = await history_bytes(client, ledger)
+                wid, _ = await run(mode, args.calls)
+                row: dict[str, Any] = {
+                    "history_bytes_per_call": (await history_bytes(client, wid)) / args.calls
+                }
+                ledger_grew = await history_bytes(client, ledger) - ledger_before
+                if mode == "budgeted":
+                    # a continue-as-new during the run would make this negative: say so
+                    row["ledger_history_bytes_per_call"] = (
+                        ledger_grew / args.calls if ledger_grew >= 0 else None
+                    )
+                if before is not None and metrics_url:
+                    await asyncio.sleep(1.5)
+                    req = diff(scrape(metrics_url, ns), before)
+                    row["requests_per_call"] = {
+                        op: round(v / args.calls, 3)
+                        for op, v in sorted(req.items())
+                        if op not in WORKER_OWN and v / args.calls >= 0.005
+                    }
+                    row["requests_per_call_total"] = round(
+                        sum(v for op, v in req.items() if op not in WORKER_OWN) / args.calls, 3
+                    )
+                accounting[mode] = row
+            out["accounting"] = accounting
+            if "requests_per_call_total" in accounting["plain"]:
+                out["extra_requests_per_call"] = round(
+                    accounting["budgeted"]["requests_per_call_total"]
+                    - accounting["plain"]["requests_per_call_total"],
+                    3,
+                )
+            print(f"  accounting: {json.dumps(accounting)}", flush=True)
+        out["load_average"] = os.getloadavg()
+        return out
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--calls", type=int, default=50, help="sequential calls per workflow")
+    ap.add_argument("--rounds", type=int, default=8, help="ABBA rounds of sequential calls")
+    ap.add_argument("--latency-n", type=int, default=60, help="one-call workflows per mode")
+    ap.add_argument("--address", help="an existing server instead of the embedded one")
+    ap.add_argument("--json", type=Path, help="where to write the numbers")
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+    a = parse()
+    res = asyncio.run(main(a))
+    path = a.json or HERE / "results" / f"budget-{res['when']}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(res, indent=2))
+    print(json.dumps(res, indent=2))
+    print(f"written to {path}")

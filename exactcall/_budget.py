@@ -230,7 +230,18 @@ class LedgerInput(BaseModel):
     per_seconds: float | None
     charges: list[Charge] = []
     pruned: dict[str, dict[str, float]] = {}
-    """Totals of windows whose charges were dropped (spent, calls), by window."""
+    """Totals of charges summarised when the ledger continued as new (spent, calls,
+    overruns), by window."""
+    spent_keys: dict[str, list[str]] = {}
+    """The keys (first ``KEY_PREFIX`` hex digits) of the summarised spent charges of windows
+    still open, by window: the same call reserved again (a reset, a re-run of its workflow
+    id) is charged once. A closed window's keys are dropped ``IDLE`` after it ends."""
+    max_events: int = 2_000
+    """Continue as new past this many events (and when Temporal suggests it)."""
+
+
+KEY_PREFIX = 32
+"""Hex digits of a summarised charge's key kept by the ledger (128 bits: no collision)."""
 
 
 class WindowTotals(BaseModel):

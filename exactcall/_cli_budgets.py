@@ -127,6 +127,14 @@ async def _show(ns: argparse.Namespace, client: Client) -> int:
                 f"{v.budget} window {w.window}: {_n(w.spent)} spent, {_n(w.reserved)} reserved, "
                 f"limit {_n(w.limit)}, {w.calls} calls, {w.overruns} overruns"
             )
+    for w in v.windows:
+        listed = sum(1 for c in charges if c.window == w.window and c.state != "released")
+        if (ns.window is None or w.window == ns.window) and w.calls > listed:
+            print(
+                f"  {w.calls - listed} earlier charges of window {w.window} are in its totals "
+                "only (the ledger keeps their keys, not their rows; `exactcall audit` lists "
+                "every call)"
+            )
     if not charges:
         print("  no charges")
         return EXIT_OK

@@ -62,3 +62,11 @@ mt_refunds = exactcall.Budget("mt-refunds", limit=1000, measure="amount")
 def mt_budgeted_pay(bank: str, amount: int, to: str) -> dict[str, Any]:
     """tests/test_metrics.py: charges its amount to the namespace budget ``mt-refunds``."""
     return post(bank, "/payments", {"amount": amount, "to": to}, exactcall.idempotency_headers())
+
+
+compact = exactcall.Budget("test-compact", limit=10)
+
+
+@exactcall.tool(budgets=[compact], provider_idempotent=True, heartbeat_timeout=FAST)
+def budget_compact(bank: str, amount: int, to: str) -> dict[str, Any]:
+    return post(bank, "/payments", {"amount": amount, "to": to}, exactcall.idempotency_headers())

@@ -18,8 +18,10 @@ from temporalio.client import Client, WorkflowFailureError
 
 import exactcall
 from exactcall import approvals, reconciliation
+from exactcall._budget import LedgerInput
 from exactcall._cli_budgets import view
 from exactcall._server import DevServer
+from exactcall._wire import BUDGET_WORKFLOW, budget_id
 from exactcall._worker import build_worker
 from exactcall.demo.bank import Bank
 from exactcall.testing import WorkerProcess
@@ -160,6 +162,62 @@ async def test_what_each_outcome_does_to_its_reservation(
         assert [(w.spent, w.reserved) for w in v.windows] == [(100.0, 0.0)]
         # two unknown outcomes that landed (30, 20) and one done call (50)
         assert bank.count(to=who) == 3
+
+
+async def test_a_ledger_that_continued_as_new_charges_a_rerun_once(
+    server: DevServer, client: Client, bank: Bank, who: str, tq: str
+) -> None:
+    # a ledger continuing as new every few calls (40 events) keeps only its reserved charges
+    # whole: the rest are totals and keys, and a re-run of the same calls is charged nothing
+    ledger = budget_id("test-compact")
+    first = await client.start_workflow(
+        BUDGET_WORKFLOW,
+        LedgerInput(
+            budget="test-compact", scope="namespace", limit=10, per_seconds=None, max_events=40
+        ),
+        id=ledger,
+        task_queue=tq,
+    )
+    wid = f"compact-{uuid.uuid4().hex[:8]}"
+    steps = [step("budget_compact", bank.url, i, who) for i in range(1, 13)]
+    async with running_worker(client, tq):
+        h = await start_agent(client, tq, plan(*steps), wid)
+        for n in (11, 12):  # past the limit: a person says no
+            req = await pending_for(client, wid, f"budget_compact#{n}")
+            assert req.reasons == ("budget test-compact: 10 spent, this call 1, limit 10",)
+            await approvals.deny(client, wid, req.step, args_hash=req.args_hash, by="ops")
+        out = await h.result()
+        assert [o.get("error") or "ok" for o in out] == ["ok"] * 10 + ["ApprovalDenied"] * 2
+        assert (await client.get_workflow_handle(ledger).describe()).run_id != first.result_run_id
+        v = await eventually(
+            lambda: view(client, "test-compact"),
+            lambda v: [w.reserved for w in v.windows] == [0.0],
+            timeout=30,
+        )
+        assert [(w.spent, w.reserved, w.calls) for w in v.windows] == [(10.0, 0.0, 10)]
+        assert len(v.charges) < 10  # the others are summarised
+        again = await start_agent(client, tq, plan(*steps[:10]), wid)  # the same id, again
+        assert [o.get("error") or "ok" for o in await again.result()] == ["ok"] * 10
+        v = await eventually(
+            lambda: view(client, "test-compact"),
+            lambda v: [w.reserved for w in v.windows] == [0.0],
+            timeout=30,
+        )
+        assert [(w.spent, w.reserved, w.calls) for w in v.windows] == [(10.0, 0.0, 10)]
+        show = await asyncio.to_thread(
+            subprocess.run,
+            [
+                *(sys.executable, "-m", "exactcall", "budgets", "show", "test-compact"),
+                *("--address", server.address),
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "EXACTCALL_LOG_LEVEL": "WARNING"},
+            cwd=ROOT,
+        )
+    assert show.returncode == 0, show.stderr
+    assert f"{10 - len(v.charges)} earlier charges of window all are in its totals" in show.stdout
+    assert bank.count(to=who) == 10
 
 
 async def test_cancelled_while_waiting_for_a_person_releases(

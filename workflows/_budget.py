@@ -15,6 +15,7 @@ A call (``reserve_for``, then ``settle_for``) reaches its ledgers through the
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -24,6 +25,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 
 from exactcall._budget import (
+    KEY_PREFIX,
     Budget,
     BudgetView,
     Charge,
@@ -49,7 +51,6 @@ __all__ = ["BudgetLedger", "Held", "reserve_for", "reserve_overruns", "settle_fo
 
 IDLE = timedelta(days=7)
 OVER = BUDGET_OVER  # the validator's refusal (what the activity turns into ok=False)
-_MAX_EVENTS = 2_000
 
 
 @workflow.defn(name=BUDGET_WORKFLOW, sandboxed=False)  # pure code over exactcall's models
@@ -60,50 +61,82 @@ class BudgetLedger:
         self._inp: LedgerInput | None = inp
         self._limit = inp.limit
         self._charges: dict[str, Charge] = {c.key: c for c in inp.charges}
+        self._spent_keys = {k for keys in inp.spent_keys.values() for k in keys}
         self._touched = 0
+        self._last_change = workflow.now()
+        self._idle = False
 
     @workflow.run
     async def run(self, inp: LedgerInput) -> None:
+        # one timer for the ledger's idleness, not one per workflow task: each would be a
+        # cancel and a start in every reservation's workflow task
+        watch = asyncio.create_task(self._watch_idle())
         published = -1
         while True:
             if published != self._touched:  # once per workflow task that changed something
                 published = self._touched
+                self._last_change = workflow.now()
                 view = self.state().model_dump(mode="json", exclude={"charges"})
                 workflow.upsert_memo({BUDGET_MEMO: view})
             seen = self._touched
-            try:
-                await workflow.wait_condition(
-                    lambda seen=seen: self._touched != seen or _suggested(),
-                    timeout=IDLE,
-                    timeout_summary="budget idle",
-                )
-            except TimeoutError:
-                if not any(c.state == "reserved" for c in self._charges.values()):
-                    await workflow.wait_condition(workflow.all_handlers_finished)
+            await workflow.wait_condition(
+                lambda seen=seen: self._touched != seen or _suggested(inp.max_events) or self._idle
+            )
+            if self._idle and self._touched == seen:
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                if self._touched == seen:
+                    watch.cancel()
                     return
-            if _suggested():
+            if _suggested(inp.max_events):
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(self._carry())
 
+    async def _watch_idle(self) -> None:
+        """Sets ``_idle`` once nothing is reserved and nothing changed for ``IDLE``."""
+        while True:
+            since = workflow.now() - self._last_change
+            if since >= IDLE:
+                if not any(c.state == "reserved" for c in self._charges.values()):
+                    self._idle = True
+                    return
+                since = timedelta(0)  # a call not settled yet: look again in IDLE
+            await workflow.sleep(IDLE - since, summary="budget idle")
+
     def _carry(self) -> LedgerInput:
-        """The next run's input: the charges, less those of windows closed for ``IDLE``
-        (their totals are kept; a call re-run that late is a new charge)."""
+        """The next run's input: the reserved charges in full; the others summarised into
+        their window's totals, keeping a spent charge's key (its first ``KEY_PREFIX`` hex
+        digits) while its window is open and for ``IDLE`` after, so the input stays small
+        however many calls a window has (a call re-run later than that is a new charge)."""
         assert self._inp is not None
+        inp = self._inp
         now = workflow.now()
-        pruned = {w: dict(t) for w, t in self._inp.pruned.items()}
+        pruned = {w: dict(t) for w, t in inp.pruned.items()}
+        spent_keys = {
+            w: list(ks)
+            for w, ks in inp.spent_keys.items()
+            if (end := window_end(w, inp.per_seconds)) is None or end + IDLE > now
+        }
         keep = []
         for c in self._charges.values():
-            end = window_end(c.window, self._inp.per_seconds)
-            if c.state == "reserved" or end is None or end + IDLE > now:
+            if c.state == "reserved":
                 keep.append(c)
                 continue
+            if c.state == "released":
+                continue  # counted nowhere: a re-run of that call reserves again
             t = pruned.setdefault(c.window, {"spent": 0.0, "calls": 0.0, "overruns": 0.0})
-            if c.state == "spent":
-                t["spent"] += c.measure
-                t["calls"] += 1
-                t["overruns"] += c.overrun
-        return self._inp.model_copy(
-            update={"limit": self._limit, "charges": keep, "pruned": pruned}
+            t["spent"] += c.measure
+            t["calls"] += 1
+            t["overruns"] += c.overrun
+            end = window_end(c.window, inp.per_seconds)
+            if end is None or end + IDLE > now:
+                spent_keys.setdefault(c.window, []).append(c.key[:KEY_PREFIX])
+        return inp.model_copy(
+            update={
+                "limit": self._limit,
+                "charges": keep,
+                "pruned": pruned,
+                "spent_keys": spent_keys,
+            }
         )
 
     def _used(self, window: str) -> tuple[float, float]:
@@ -119,8 +152,14 @@ class BudgetLedger:
         spent += self._inp.pruned.get(window, {}).get("spent", 0.0)
         return spent, reserved
 
+    def _summarised(self, key: str) -> bool:
+        """Spent before the ledger last continued as new: kept as its key only."""
+        return key[:KEY_PREFIX] in self._spent_keys and key not in self._charges
+
     def _refusal(self, op: ChargeOp) -> ApplicationError | None:
         if op.key in self._charges or op.overrun_approved_by is not None:
+            return None
+        if self._summarised(op.key):
             return None
         spent, reserved = self._used(op.window)
         if spent + reserved + op.measure <= op.limit:
@@ -139,6 +178,16 @@ class BudgetLedger:
         refused = self._refusal(op)
         if refused is not None:  # validated together with another reservation
             raise refused
+        if self._summarised(op.key):  # charged once already
+            spent, reserved = self._used(op.window)
+            return ChargeAnswer(
+                ok=True,
+                state="spent",
+                spent=spent,
+                reserved=reserved,
+                limit=self._limit,
+                window=op.window,
+            )
         c = self._charges.get(op.key)
         if c is None:
             c = Charge(
@@ -198,9 +247,9 @@ class BudgetLedger:
         )
 
 
-def _suggested() -> bool:
+def _suggested(max_events: int) -> bool:
     info = workflow.info()
-    return info.is_continue_as_new_suggested() or info.get_current_history_length() > _MAX_EVENTS
+    return info.is_continue_as_new_suggested() or info.get_current_history_length() > max_events
 
 
 # -- the calling side ------------------------------------------------------------------------

@@ -32,9 +32,11 @@ from ._errors import (
 from ._model import Intent, RecordState
 from ._plugin import Plugin
 from ._tool import Tool, ToolOptions, get_tool, intent_hash, registered_tools, tool
+from ._undo import Done, UndoFailed, UndoReport
 from ._verdicts import CallAbandoned, Landed, NotLanded, Unknown
 from .approvals._binding import ApprovalDenied, ApprovalExpired, ApprovalMissing
 from .workflows._call import call, call_with
+from .workflows._saga import Saga, saga
 
 __version__ = "0.1.0"
 
@@ -48,6 +50,7 @@ __all__ = [
     "Budget",
     "BudgetExceeded",
     "CallAbandoned",
+    "Done",
     "ExactcallError",
     "Intent",
     "IntentConflict",
@@ -59,9 +62,12 @@ __all__ = [
     "PluginNotInstalled",
     "RecordState",
     "ResultNotSerializable",
+    "Saga",
     "Tool",
     "ToolFailed",
     "ToolOptions",
+    "UndoFailed",
+    "UndoReport",
     "Unknown",
     "UnknownTool",
     "__version__",
@@ -76,6 +82,7 @@ __all__ = [
     "idempotency_key",
     "intent_hash",
     "registered_tools",
+    "saga",
     "to_json_value",
     "tool",
 ]

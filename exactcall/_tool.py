@@ -194,6 +194,39 @@ class Tool:
     def __repr__(self) -> str:
         return f"<exactcall.tool {self.name} v{self.version}>"
 
+    undo_tool: Tool | None = field(init=False, repr=False, default=None)
+    """The tool that undoes a done call of this one (declared with :meth:`undo`)."""
+
+    def undo(self, fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
+        """Declare this tool's undo: ``@pay.undo`` over ``def refund(done: exactcall.Done,
+        *, idempotency_key: str)``. The undo is an exactcall tool of its own (named
+        ``"<tool>.undo"`` unless ``name=`` says otherwise) and takes the options of
+        ``@exactcall.tool``; ``exactcall.saga()`` calls it for each done call to undo."""
+        if self.options.read_only:
+            raise TypeError(
+                f"a read_only tool cannot declare an undo ({self.name!r} changes nothing)"
+            )
+        if self.undo_tool is not None:
+            raise TypeError(f"{self.name!r} already has an undo: {self.undo_tool.name!r}")
+
+        def wrap(f: Callable[..., Any]) -> Tool:
+            from ._undo import UNDO_SUFFIX
+
+            if options.get("read_only"):
+                raise TypeError(f"the undo of {self.name!r} changes something: not read_only")
+            params = [p for n, p in inspect.signature(f).parameters.items() if n != KEY_PARAM]
+            if len(params) != 1:
+                raise TypeError(
+                    f"the undo of {self.name!r} takes one argument, the exactcall.Done being "
+                    f"undone (and optionally idempotency_key); {f.__name__} takes "
+                    f"{[p.name for p in params]}"
+                )
+            t = tool(**{"name": self.name + UNDO_SUFFIX, **options})(f)
+            self.undo_tool = t
+            return t
+
+        return wrap(fn) if fn is not None else wrap
+
     # -- binding ------------------------------------------------------------------------
     def canonical_args(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """Bind, validate and canonicalise a call's arguments; raise InvalidCall if they

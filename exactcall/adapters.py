@@ -44,6 +44,7 @@ from ._budget import BudgetExceeded
 from ._errors import ExactcallError, IntentConflict, InvalidCall, ToolFailed, register_error
 from ._model import ApprovalGrant, Intent
 from ._tool import KEY_PARAM, Tool, resolve_tool
+from ._undo import UndoFailed
 from ._verdicts import CallAbandoned
 from .approvals._binding import ApprovalDenied, ApprovalExpired, ApprovalMissing
 from .workflows._approval_wait import wait_for_approval
@@ -77,6 +78,7 @@ MODEL_ERRORS: tuple[type[ExactcallError], ...] = (
     CallAbandoned,  # a person gave up on an unknown outcome: the call will not be retried
     InvalidCall,  # arguments that do not fit the signature: nothing ran, the model can fix them
     BudgetExceeded,  # a budget declared on_exceed="refuse" would be passed: nothing ran
+    UndoFailed,  # undos in a saga around the model's call failed (each is named)
 )
 """The exactcall errors a model sees as tool errors (see the module's docstring)."""
 

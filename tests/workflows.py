@@ -124,3 +124,21 @@ class LyingAgent:
     @workflow.run
     async def run(self, bank: str) -> Any:
         return await exactcall.call("lying_pay", bank, 1, "lied-to")
+
+
+@workflow.defn
+class SagaAgent:
+    """Runs a plan's steps inside ``exactcall.saga()``; ``fail`` raises after them (the saga
+    undoes), ``undo`` undoes explicitly that many times; returns the steps' outcomes and the
+    reports."""
+
+    @workflow.run
+    async def run(self, plan: dict[str, Any]) -> dict[str, Any]:
+        reports: list[dict[str, Any]] = []
+        async with exactcall.saga() as s:
+            out = [await _one(step) for step in plan["steps"]]
+            for _ in range(plan.get("undo", 0)):
+                reports.append((await s.undo()).model_dump())
+            if plan.get("fail"):
+                raise ApplicationError("the agent failed after its calls", non_retryable=True)
+        return {"out": out, "reports": reports}

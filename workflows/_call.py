@@ -44,6 +44,7 @@ from exactcall._wire import BUDGETS_PATCH, READ_PATH_BY_DECLARATION
 
 from ._approval_wait import wait_for_approval
 from ._budget import reserve_for, reserve_overruns, settle_for
+from ._saga import note_done
 from ._state import Flight, cancellation_reaches_calls, state
 from ._unknown import (
     OnUnknown,
@@ -134,7 +135,9 @@ async def call_with(
     elif flight.intent.args_hash != intent.args_hash:
         count(CALLS, tool=t.name, outcome="conflict")
         raise _conflict(t, intent, "already ran", flight.intent.args_hash)
-    return _typed(t, await _join(flight))
+    result = _typed(t, await _join(flight))
+    note_done(intent, result)
+    return result
 
 
 def _reads(t: Tool) -> bool:

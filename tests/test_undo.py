@@ -1,0 +1,145 @@
+"""Undo (issue 18 §2): ``@t.undo`` and ``exactcall.saga()``, with every undo's effect counted
+at the real local bank (an undo pays the amount back to ``<account>:refund``)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.exceptions import ApplicationError
+
+import exactcall
+from exactcall._server import DevServer
+from exactcall._worker import build_worker
+from exactcall.demo.bank import Bank
+from exactcall.testing import WorkerProcess
+from tests import undo_app as undo_app
+from tests.conftest import ROOT, step
+from tests.workflows import SagaAgent
+
+
+def refunds(bank: Bank, who: str) -> list[tuple[int, str | None]]:
+    return [(p["amount"], p["memo"]) for p in bank.payments() if p["to_account"] == who + ":refund"]
+
+
+async def run_saga(client: Client, tq: str, plan: dict[str, Any], wid: str) -> Any:
+    return await client.execute_workflow(SagaAgent.run, plan, id=wid, task_queue=tq)
+
+
+def cause(err: pytest.ExceptionInfo[WorkflowFailureError]) -> ApplicationError:
+    c = err.value.cause
+    assert isinstance(c, ApplicationError), c
+    return c
+
+
+async def test_an_error_undoes_newest_first_once_across_a_rerun(
+    client: Client, bank: Bank, who: str, tq: str
+) -> None:
+    steps = [
+        step("saga_pay", bank.url, 10, who),
+        step("saga_book", bank.url, 20, who),
+        step("saga_notify", bank.url, 5, who),  # no undo declared: skipped
+    ]
+    wid = f"saga-{uuid.uuid4().hex[:8]}"
+    async with build_worker(client, tq, [SagaAgent]):
+        with pytest.raises(WorkflowFailureError) as err:
+            await run_saga(client, tq, {"steps": steps, "fail": True}, wid)
+        assert cause(err).message == "the agent failed after its calls"  # re-raised as it was
+        [booking] = [p for p in bank.payments() if p["to_account"] == who and p["amount"] == 20]
+        assert refunds(bank, who) == [(20, f"cancel {booking['id']}"), (10, "saga_pay#1")]
+        with pytest.raises(WorkflowFailureError):  # the same workflow id, run again
+            await run_saga(client, tq, {"steps": steps, "fail": True}, wid)
+    assert refunds(bank, who) == [(20, f"cancel {booking['id']}"), (10, "saga_pay#1")]
+    assert bank.count(to=who) == 3
+
+
+async def test_undo_twice_undoes_once_and_leaving_normally_undoes_nothing(
+    client: Client, bank: Bank, who: str, tq: str
+) -> None:
+    steps = [step("saga_pay", bank.url, 10, who), step("saga_notify", bank.url, 5, who)]
+    async with build_worker(client, tq, [SagaAgent]):
+        kept = await run_saga(client, tq, {"steps": steps}, f"saga-{uuid.uuid4().hex[:8]}")
+        assert kept["reports"] == [] and refunds(bank, who) == []
+        wid = f"saga-{uuid.uuid4().hex[:8]}"
+        out = await run_saga(client, tq, {"steps": steps, "undo": 2}, wid)
+    first, second = out["reports"]
+    assert first == {"undone": ["saga_pay#1"], "skipped": ["saga_notify#1"], "failed": {}}
+    assert second == first  # nothing ran again
+    assert refunds(bank, who) == [(10, "saga_pay#1")]
+    assert bank.count(to=who) == 4
+
+
+async def test_a_failing_undo_does_not_stop_the_others(
+    client: Client, bank: Bank, who: str, tq: str
+) -> None:
+    steps = [
+        step("saga_pay", bank.url, 10, who),
+        step("saga_book", bank.url, 20, who, undo_fails=True),
+    ]
+    async with build_worker(client, tq, [SagaAgent]):
+        with pytest.raises(WorkflowFailureError) as err:
+            await run_saga(
+                client, tq, {"steps": steps, "fail": True}, f"saga-{uuid.uuid4().hex[:8]}"
+            )
+    c = cause(err)
+    assert c.type == "UndoFailed"
+    assert "saga_book#1" in c.message and "this late" in c.message, c.message
+    assert "undone: saga_pay#1" in c.message
+    assert refunds(bank, who) == [(10, "saga_pay#1")]  # the other undo still ran
+
+
+def test_undo_declarations_are_checked() -> None:
+    with pytest.raises(TypeError, match=r"one argument, the exactcall\.Done"):
+        undo_app.saga_notify.undo(lambda done, extra: None)
+    reader = exactcall.tool(read_only=True, name="saga_read")(lambda: 1)
+    with pytest.raises(TypeError, match="read_only tool cannot declare an undo"):
+        reader.undo(lambda done: None)
+    with pytest.raises(TypeError, match="already has an undo"):
+        undo_app.saga_pay.undo(lambda done: None)
+
+
+@pytest.fixture
+def workers() -> Iterator[list[WorkerProcess]]:
+    started: list[WorkerProcess] = []
+    yield started
+    for w in started:
+        w.stop()
+
+
+async def test_a_crash_during_the_second_undo_undoes_each_once(
+    server: DevServer, client: Client, bank: Bank, who: str, tq: str, workers: list[Any]
+) -> None:
+    def worker(crash_at: str | None = None) -> WorkerProcess:
+        return WorkerProcess(
+            server.address,
+            tq,
+            tools=["tests.tools", "tests.undo_app"],
+            workflows=["tests.workflows"],
+            crash_at=crash_at,
+            env={"EXACTCALL_LOG_LEVEL": "WARNING"},
+            cwd=ROOT,
+        )
+
+    a = worker("saga_pay.undo:after_call:1")  # SIGKILLed once its refund reached the bank
+    workers.append(a)
+    await a.started()
+    steps = [step("saga_pay", bank.url, 10, who), step("saga_book", bank.url, 20, who)]
+    h = await client.start_workflow(
+        SagaAgent.run,
+        {"steps": steps, "fail": True},
+        id=f"saga-{uuid.uuid4().hex[:8]}",
+        task_queue=tq,
+    )
+    assert await a.killed() == -9
+    assert len(refunds(bank, who)) == 2  # both undos had reached the bank
+    b = worker()
+    workers.append(b)
+    await b.started()
+    with pytest.raises(WorkflowFailureError) as err:
+        await h.result()
+    assert cause(err).message == "the agent failed after its calls"
+    assert sorted(a for a, _ in refunds(bank, who)) == [10, 20]  # once each
+    assert bank.count(to=who) == 2

@@ -1,0 +1,163 @@
+"""``exactcall.saga()``: undo the calls made in a block, newest first, each once.
+
+Every call that is done inside the block (in its task or a task started from it: a
+ContextVar) is noted with its step, key, canonical arguments and result. ``undo()`` then calls
+each one's undo tool (``@t.undo``) as an exactcall call of its own, at the step
+``<step>.undo``, so its key is derived from the workflow id and the undone step: it runs once
+across crashes, retries, resets and re-runs of the workflow id, may need approval, and an
+unknown outcome goes to reconciliation like any call's. Leaving the block with an exception
+undoes; leaving it normally does not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from types import TracebackType
+from typing import Any
+
+from temporalio import workflow
+
+from exactcall._canonical import to_json_value
+from exactcall._errors import ExactcallError
+from exactcall._model import Intent
+from exactcall._tool import Tool, resolve_tool
+from exactcall._undo import Done, UndoFailed, UndoReport, undo_step
+
+__all__ = ["Saga", "note_done", "saga"]
+
+_ACTIVE: contextvars.ContextVar[tuple[Saga, ...]] = contextvars.ContextVar(
+    "exactcall_sagas", default=()
+)
+
+
+def note_done(intent: Intent, result: Any) -> None:
+    """A call finished done: each saga open around it may have to undo it."""
+    sagas = _ACTIVE.get()
+    if not sagas:
+        return
+    try:
+        value = to_json_value(result, "result")
+    except ExactcallError:
+        value = None  # not JSON: the undo gets the arguments only
+    done = Done(
+        tool=intent.tool,
+        step=intent.step,
+        key=intent.key,
+        args=intent.args,
+        result=value,
+        workflow_id=intent.workflow_id,
+    )
+    for s in sagas:
+        s._note(done)
+
+
+class Saga:
+    """The calls of one ``async with exactcall.saga() as s:`` block, to undo."""
+
+    def __init__(self) -> None:
+        self._calls: list[Done] = []
+        self._undone: dict[str, Any] = {}
+        self._token: contextvars.Token[tuple[Saga, ...]] | None = None
+        self.report: UndoReport | None = None
+        """What the last ``undo()`` did."""
+
+    @property
+    def calls(self) -> list[Done]:
+        """The done calls noted so far, in the order they finished."""
+        return list(self._calls)
+
+    def _note(self, done: Done) -> None:
+        if all(d.key != done.key for d in self._calls):  # a joined call is noted once
+            self._calls.append(done)
+
+    async def __aenter__(self) -> Saga:
+        if not workflow.in_workflow():
+            raise ExactcallError("exactcall.saga() runs inside a Temporal workflow")
+        self._token = _ACTIVE.set((*_ACTIVE.get(), self))
+        return self
+
+    async def __aexit__(
+        self,
+        et: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        if self._token is not None:
+            _ACTIVE.reset(self._token)
+            self._token = None
+        if exc is None:
+            return False
+        if isinstance(exc, asyncio.CancelledError):
+            # a cancelled workflow: its undos must not be cancelled in turn
+            await asyncio.shield(asyncio.ensure_future(self._undo_raising(exc)))
+            return False
+        await self._undo_raising(exc)
+        return False
+
+    async def _undo_raising(self, cause: BaseException) -> None:
+        try:
+            await self.undo()
+        except UndoFailed as err:
+            raise err from cause
+
+    async def undo(self) -> UndoReport:
+        """Undo every done call of the block not undone yet, newest first. Every undo runs
+        even when another fails; then :class:`exactcall.UndoFailed` names each failure.
+        Calling it again undoes nothing twice."""
+        undone: list[str] = []
+        skipped: list[str] = []
+        failed: dict[str, str] = {}
+        for d in reversed(self._calls):
+            if d.step in self._undone:
+                undone.append(d.step)
+                continue
+            u = _undo_tool_of(d.tool)
+            if u is None:
+                skipped.append(d.step)
+                workflow.logger.warning(
+                    "exactcall saga: %s (%s) has no undo declared: not undone", d.step, d.tool
+                )
+                continue
+            try:
+                self._undone[d.step] = await _undo_one(u, d)
+                undone.append(d.step)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                failed[d.step] = (
+                    str(err) if isinstance(err, ExactcallError) else f"{type(err).__name__}: {err}"
+                )
+        self.report = UndoReport(undone=undone, skipped=skipped, failed=failed)
+        if failed:
+            raise UndoFailed(
+                "undo failed for "
+                + "; ".join(f"{step} ({why})" for step, why in failed.items())
+                + (f"; undone: {', '.join(undone)}" if undone else "")
+                + (f"; no undo declared: {', '.join(skipped)}" if skipped else ""),
+                failed=failed,
+                undone=undone,
+                skipped=skipped,
+            )
+        return self.report
+
+
+def _undo_tool_of(name: str) -> Tool | None:
+    return resolve_tool(name).undo_tool
+
+
+async def _undo_one(u: Tool, done: Done) -> Any:
+    from ._call import call_with  # the call path imports this module
+
+    outer = _ACTIVE.set(())  # an undo is not itself a call of the saga (or of one around it)
+    try:
+        return await call_with(u, args=[done], key=undo_step(done.step))
+    finally:
+        _ACTIVE.reset(outer)
+
+
+def saga() -> Saga:
+    """``async with exactcall.saga() as s:``: an exception leaving the block undoes the calls
+    done in it, newest first (each through its tool's ``@t.undo``), then propagates; leaving
+    normally undoes nothing. ``await s.undo()`` undoes explicitly."""
+    return Saga()

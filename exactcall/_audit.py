@@ -53,6 +53,7 @@ __all__ = [
 EXPORT_FORMAT = AUDIT_EXPORT_FORMAT
 OUTCOMES = (
     "done",
+    "undone",
     "failed",
     "conflict",
     "unknown",
@@ -220,6 +221,7 @@ def row(c: RunCall, *, redact: bool = False, approver_keys: Mapping[str, Any] = 
         "reason": c.reason,
         "verdict": c.verdict,
         "settled_by": c.settled_by,
+        "undone_by": c.undone_by,
     }
 
 
@@ -300,6 +302,8 @@ def text_line(r: dict[str, Any]) -> str:
     outcome = r["outcome"]
     if r["verdict"]:
         outcome += f" (unknown, then {r['verdict']} by {r['settled_by'] or '?'})"
+    if r.get("undone_by"):
+        outcome += f" (by {r['undone_by']})"
     people = ""
     if r["approved_by"]:
         people = "  approved by " + ", ".join(_who(p) for p in r["approved_by"])

@@ -28,6 +28,7 @@ from temporalio.converter import DataConverter
 from temporalio.exceptions import ApplicationError
 
 from ._model import Intent
+from ._undo import UNDO_SUFFIX
 from ._wire import (
     DECIDE_SIGNAL,
     PENDING_MEMO,
@@ -66,8 +67,8 @@ class RunCall:
     time: datetime
     """When the intent was persisted (its activity scheduled), or the approval requested."""
     outcome: str
-    """done, failed, conflict, unknown, unresolved, abandoned, denied, expired, cancelled,
-    running, or pending (waiting for a person)."""
+    """done, undone, failed, conflict, unknown, unresolved, abandoned, denied, expired,
+    cancelled, running, or pending (waiting for a person)."""
     tool_version: str | None = None
     ended_at: datetime | None = None
     attempts: int = 0
@@ -87,6 +88,8 @@ class RunCall:
     """Who gave the verdict (``probe``, or a person's name)."""
     settled_result: Any = None
     """The result a reconciliation settled a done call with (decoded)."""
+    undone_by: str | None = None
+    """The step of the done undo of an ``undone`` call (``exactcall.saga``)."""
     intent: Intent | None = None
 
     @property
@@ -230,6 +233,11 @@ async def calls_in_history(
         if call.outcome == "unknown" and isinstance(settled, dict):
             settle(call, settled)
 
+    for call in out:  # a done call whose undo (step "<step>.undo") is done was undone
+        if call.step.endswith(UNDO_SUFFIX) and call.outcome == "done":
+            undone = by_step.get(call.step.removesuffix(UNDO_SUFFIX))
+            if undone is not None and undone.outcome == "done":
+                undone.outcome, undone.undone_by = "undone", call.step
     for step, r in requests.items():
         if step in by_step:
             by_step[step].needed_approval = True

@@ -12,12 +12,14 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
 import exactcall
+from exactcall._audit import AuditFilter, audit_rows
 from exactcall._server import DevServer
 from exactcall._worker import build_worker
 from exactcall.demo.bank import Bank
 from exactcall.testing import WorkerProcess
 from tests import undo_app as undo_app
 from tests.conftest import ROOT, step
+from tests.test_approvals import eventually
 from tests.workflows import SagaAgent
 
 
@@ -27,6 +29,10 @@ def refunds(bank: Bank, who: str) -> list[tuple[int, str | None]]:
 
 async def run_saga(client: Client, tq: str, plan: dict[str, Any], wid: str) -> Any:
     return await client.execute_workflow(SagaAgent.run, plan, id=wid, task_queue=tq)
+
+
+async def _rows(client: Client, wid: str) -> list[dict[str, Any]]:
+    return [r async for r in audit_rows(client, AuditFilter(workflow=wid))]
 
 
 def cause(err: pytest.ExceptionInfo[WorkflowFailureError]) -> ApplicationError:
@@ -50,6 +56,15 @@ async def test_an_error_undoes_newest_first_once_across_a_rerun(
         assert cause(err).message == "the agent failed after its calls"  # re-raised as it was
         [booking] = [p for p in bank.payments() if p["to_account"] == who and p["amount"] == 20]
         assert refunds(bank, who) == [(20, f"cancel {booking['id']}"), (10, "saga_pay#1")]
+        # the audit reads the undo from the history: each undone call, and who undid it
+        rows = await eventually(lambda: _rows(client, wid), lambda rows: len(rows) == 5, timeout=15)
+        assert {r["step"]: (r["outcome"], r["undone_by"]) for r in rows} == {
+            "saga_pay#1": ("undone", "saga_pay#1.undo"),
+            "saga_book#1": ("undone", "saga_book#1.undo"),
+            "saga_notify#1": ("done", None),
+            "saga_pay#1.undo": ("done", None),
+            "saga_book#1.undo": ("done", None),
+        }
         with pytest.raises(WorkflowFailureError):  # the same workflow id, run again
             await run_saga(client, tq, {"steps": steps, "fail": True}, wid)
     assert refunds(bank, who) == [(20, f"cancel {booking['id']}"), (10, "saga_pay#1")]

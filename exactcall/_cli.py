@@ -155,10 +155,11 @@ def _parser() -> argparse.ArgumentParser:
     from . import _cli_mcp
 
     _cli_mcp.add_parsers(sub, _connection_args)
-    from . import _cli_audit, _cli_budgets
+    from . import _cli_audit, _cli_budgets, _cli_undo
 
     _cli_audit.add_parsers(sub, _connection_args)
     _cli_budgets.add_parsers(sub, _connection_args)
+    _cli_undo.add_parser(sub, _connection_args)
 
     rp = sub.add_parser("replay", help="replay stored histories; check nondeterminism and intents")
     rp.add_argument("paths", nargs="+", metavar="PATH", help="history JSON files or folders")
@@ -300,7 +301,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _server(ns)
         if ns.command == "worker":
             return asyncio.run(_worker(ns))
-        if ns.command in ("approvals", "approve", "deny", "unresolved", "resolve", "budgets"):
+        if ns.command in (
+            "approvals",
+            "approve",
+            "deny",
+            "unresolved",
+            "resolve",
+            "budgets",
+            "undo",
+        ):
             return asyncio.run(_client_command(ns))
         if ns.command == "crashtest":
             from ._crashtest import main as crashtest
@@ -364,6 +373,10 @@ async def _client_command(ns: argparse.Namespace) -> int:
         from . import _cli_budgets
 
         return await _cli_budgets.run(ns, client)
+    if ns.command == "undo":
+        from . import _cli_undo
+
+        return await _cli_undo.run(ns, client)
     return await _cli_approvals.run(ns, client)
 
 

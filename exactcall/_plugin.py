@@ -39,7 +39,7 @@ from exactcall.activities import (
     probe_activity,
     tool_activity,
 )
-from exactcall.workflows import BudgetLedger, CallRecord, Reconcile
+from exactcall.workflows import BudgetLedger, CallRecord, Reconcile, UndoRun
 
 from ._converter import ModelsAsPydantic, models_as_pydantic
 from ._errors import ExactcallError
@@ -174,7 +174,7 @@ class Plugin(SimplePlugin):
         return out
 
     def _workflows(self, existing: Sequence[type] | None) -> list[type]:
-        own = [CallRecord, Reconcile, BudgetLedger] if self._parts.workflows else []
+        own = [CallRecord, Reconcile, BudgetLedger, UndoRun] if self._parts.workflows else []
         return [*(existing or []), *own]
 
     @contextlib.asynccontextmanager

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, JsonValue
 
 from ._errors import ExactcallError, register_error
 
-__all__ = ["UNDO_SUFFIX", "Done", "UndoFailed", "UndoReport", "undo_step"]
+__all__ = ["UNDO_SUFFIX", "Done", "UndoFailed", "UndoInput", "UndoReport", "undo_step"]
 
 UNDO_SUFFIX = ".undo"
 """An undo tool's default name is its tool's name plus this; its step is the undone step's."""
@@ -46,6 +46,17 @@ class UndoReport(BaseModel):
     """Steps whose tool declares no undo."""
     failed: dict[str, str] = {}
     """Steps whose undo failed, with the error."""
+
+
+class UndoInput(BaseModel):
+    """What ``exactcall undo`` asks its workflow to undo: the done calls of one run, in the
+    order they finished (undone newest first)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    workflow_id: str
+    run_id: str
+    calls: list[Done]
 
 
 @register_error

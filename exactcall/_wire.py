@@ -59,6 +59,7 @@ __all__ = [
     "SETTLED_SIGNAL",
     "SETTLE_PREFIX",
     "TELLS_THE_CALL",
+    "UNDO_WORKFLOW",
     "UNRESOLVED_ATTRIBUTE",
     "UNRESOLVED_MEMO",
     "VERDICT_MEMO",
@@ -68,6 +69,7 @@ __all__ = [
     "record_id",
     "run_claim_id",
     "settle_activity_id",
+    "undo_id",
 ]
 
 # -- the key ---------------------------------------------------------------------------------
@@ -225,6 +227,17 @@ BUDGET_OVER = "exactcall.BudgetOver"
 """Failure type of a reservation the ledger's validator refused (over the limit)."""
 BUDGET_MEMO = "exactcall.budget.totals"
 """A ledger's totals per window (what ``exactcall budgets`` lists without a worker)."""
+
+# -- undo ------------------------------------------------------------------------------------
+UNDO_WORKFLOW = "exactcall.Undo"
+"""``exactcall undo WORKFLOW_ID``: undoes a run's done calls after the fact."""
+
+
+def undo_id(workflow_id: str) -> str:
+    """Workflow id of the undo of ``workflow_id``'s calls (one per workflow id: undoing it
+    again is a re-run of the same id, whose calls exactcall runs once)."""
+    return f"exactcall-undo-{workflow_id}"
+
 
 # -- audit -----------------------------------------------------------------------------------
 AUDIT_EXPORT_FORMAT = "exactcall.audit/v1"

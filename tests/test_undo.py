@@ -3,6 +3,11 @@ at the real local bank (an undo pays the amount back to ``<account>:refund``).""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -158,3 +163,55 @@ async def test_a_crash_during_the_second_undo_undoes_each_once(
     assert cause(err).message == "the agent failed after its calls"
     assert sorted(a for a, _ in refunds(bank, who)) == [10, 20]  # once each
     assert bank.count(to=who) == 2
+
+
+def _undo_cli(server: DevServer, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "exactcall", "undo", *args, "--address", server.address],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "EXACTCALL_LOG_LEVEL": "WARNING"},
+        cwd=ROOT,
+        timeout=120,
+    )
+
+
+async def test_exactcall_undo_after_the_fact_undoes_each_once(
+    server: DevServer, client: Client, bank: Bank, who: str, tq: str
+) -> None:
+    steps = [
+        step("saga_pay", bank.url, 10, who),
+        step("saga_book", bank.url, 20, who),
+        step("saga_notify", bank.url, 5, who),
+    ]
+    wid = f"saga-{uuid.uuid4().hex[:8]}"
+    async with build_worker(client, tq, [SagaAgent]):
+        await run_saga(client, tq, {"steps": steps}, wid)  # finished: nothing undone
+        assert refunds(bank, who) == []
+        out = await asyncio.to_thread(_undo_cli, server, wid, "--yes", "--json")
+        assert out.returncode == 1, out.stderr  # saga_notify declares no undo
+        got = json.loads(out.stdout)
+        assert (got["undone"], got["skipped"]) == (["saga_book#1", "saga_pay#1"], ["saga_notify#1"])
+        assert sorted(a for a, _ in refunds(bank, who)) == [10, 20]
+        again = await asyncio.to_thread(
+            _undo_cli, server, wid, "--step", "saga_pay#1", "--step", "saga_book#1", "--yes"
+        )
+        assert again.returncode == 0, again.stderr
+        assert again.stdout.splitlines() == ["saga_book#1  undone", "saga_pay#1  undone"]
+        assert sorted(a for a, _ in refunds(bank, who)) == [10, 20]  # nothing ran twice
+
+        undone_by_saga = f"saga-{uuid.uuid4().hex[:8]}"
+        with pytest.raises(WorkflowFailureError):
+            await run_saga(client, tq, {"steps": steps[:1], "fail": True}, undone_by_saga)
+        after = await asyncio.to_thread(_undo_cli, server, undone_by_saga, "--yes")
+        assert after.returncode == 0, after.stderr
+        assert after.stdout.splitlines() == [
+            "saga_pay#1  already undone by saga_pay#1.undo in the run"
+        ]
+    assert sorted(a for a, _ in refunds(bank, who)) == [10, 10, 20]
+    bad = await asyncio.to_thread(_undo_cli, server, wid, "--step", "nope#1", "--yes")
+    assert bad.returncode == 2 and "not a call of" in bad.stderr, bad.stderr
+    none = await asyncio.to_thread(_undo_cli, server, "no-such-workflow", "--yes")
+    assert none.returncode == 2 and "no workflow 'no-such-workflow'" in none.stderr, none.stderr
+    no_tty = await asyncio.to_thread(_undo_cli, server, wid)
+    assert no_tty.returncode == 2 and "--yes" in no_tty.stderr

@@ -3,6 +3,7 @@
 from ._budget import BudgetLedger
 from ._reconciliation import PROBE_PREFIX, Reconcile, probe_activity_name
 from ._record import MARK_RECORD, MARK_SIGNAL, RECORD_WORKFLOW, STATE_QUERY, CallRecord, record_id
+from ._saga import UndoRun
 
 __all__ = [
     "MARK_RECORD",
@@ -13,6 +14,7 @@ __all__ = [
     "BudgetLedger",
     "CallRecord",
     "Reconcile",
+    "UndoRun",
     "probe_activity_name",
     "record_id",
 ]

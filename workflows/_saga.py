@@ -22,9 +22,10 @@ from exactcall._canonical import to_json_value
 from exactcall._errors import ExactcallError
 from exactcall._model import Intent
 from exactcall._tool import Tool, resolve_tool
-from exactcall._undo import Done, UndoFailed, UndoReport, undo_step
+from exactcall._undo import Done, UndoFailed, UndoInput, UndoReport, undo_step
+from exactcall._wire import UNDO_WORKFLOW
 
-__all__ = ["Saga", "note_done", "saga"]
+__all__ = ["Saga", "UndoRun", "note_done", "saga"]
 
 _ACTIVE: contextvars.ContextVar[tuple[Saga, ...]] = contextvars.ContextVar(
     "exactcall_sagas", default=()
@@ -112,7 +113,11 @@ class Saga:
             if d.step in self._undone:
                 undone.append(d.step)
                 continue
-            u = _undo_tool_of(d.tool)
+            try:
+                u = _undo_tool_of(d.tool)
+            except ExactcallError as err:  # exactcall undo, on a worker without the tool
+                failed[d.step] = str(err)
+                continue
             if u is None:
                 skipped.append(d.step)
                 workflow.logger.warning(
@@ -161,3 +166,20 @@ def saga() -> Saga:
     done in it, newest first (each through its tool's ``@t.undo``), then propagates; leaving
     normally undoes nothing. ``await s.undo()`` undoes explicitly."""
     return Saga()
+
+
+@workflow.defn(name=UNDO_WORKFLOW, sandboxed=False)  # pure code over exactcall's models
+class UndoRun:
+    """``exactcall undo WORKFLOW_ID``: undo the given done calls of a run, newest first, each
+    a guarded call of this workflow (so undoing the same workflow id again, a re-run of this
+    one's id, runs no undo twice)."""
+
+    @workflow.run
+    async def run(self, inp: UndoInput) -> UndoReport:
+        s = Saga()
+        s._calls = list(inp.calls)
+        try:
+            return await s.undo()
+        except UndoFailed:
+            assert s.report is not None
+            return s.report

@@ -11,7 +11,7 @@ from typing import Any
 from temporalio.client import Client
 
 from .approvals._cli import EXIT_OK, EXIT_QUEUED, EXIT_REFUSED, EXIT_USAGE, _confirm
-from .reconciliation import UnresolvedCall, find, list_unresolved, resolve
+from .reconciliation import UnresolvedCall, find, list_failed_undos, list_unresolved, resolve
 
 __all__ = ["add_parsers", "run"]
 
@@ -56,9 +56,17 @@ def _row(u: UnresolvedCall) -> dict[str, Any]:
 async def run(ns: argparse.Namespace, client: Client) -> int:
     if ns.command == "unresolved":
         rows = await list_unresolved(client)
+        undos = await list_failed_undos(client)
         if ns.json:
-            print(json.dumps([_row(u) for u in rows], indent=2))
-        elif not rows:
+            out = [{"kind": "unknown_outcome", **_row(u)} for u in rows]
+            out += [{"kind": "undo_failed", **f.model_dump(mode="json")} for f in undos]
+            print(json.dumps(out, indent=2))
+            return EXIT_OK
+        for f in undos:
+            print(f"{f.workflow_id}  {f.step}  undo failed  at {f.at:%Y-%m-%d %H:%M:%S}Z")
+            print(f"    why  {f.error}")
+            print(f"    exactcall undo {f.workflow_id} --step {f.step}   (once the cause is fixed)")
+        if not rows:
             print("No calls are waiting for a verdict.")
         else:
             for u in rows:

@@ -59,6 +59,7 @@ __all__ = [
     "SETTLED_SIGNAL",
     "SETTLE_PREFIX",
     "TELLS_THE_CALL",
+    "UNDO_FAILED_MEMO",
     "UNDO_WORKFLOW",
     "UNRESOLVED_ATTRIBUTE",
     "UNRESOLVED_MEMO",
@@ -231,6 +232,11 @@ BUDGET_MEMO = "exactcall.budget.totals"
 # -- undo ------------------------------------------------------------------------------------
 UNDO_WORKFLOW = "exactcall.Undo"
 """``exactcall undo WORKFLOW_ID``: undoes a run's done calls after the fact."""
+
+
+UNDO_FAILED_MEMO = "exactcall.undo_failed"
+"""On a workflow whose saga (or ``exactcall undo``) had undos fail: which steps and why
+(with the ``ExactcallUnresolved`` search attribute, so ``exactcall unresolved`` lists them)."""
 
 
 def undo_id(workflow_id: str) -> str:

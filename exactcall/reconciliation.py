@@ -6,9 +6,12 @@ import asyncio
 import getpass
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
-from temporalio.client import Client
+from pydantic import BaseModel
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.service import RPCError
 
 from ._confirm import confirm_by_query
 from ._verdicts import (
@@ -29,6 +32,7 @@ from ._verdicts import (
 
 __all__ = [
     "CallAbandoned",
+    "FailedUndo",
     "Landed",
     "NotLanded",
     "ReconcileState",
@@ -38,6 +42,7 @@ __all__ = [
     "Unknown",
     "UnresolvedCall",
     "find",
+    "list_failed_undos",
     "list_unresolved",
     "reconcile_id",
     "resolve",
@@ -121,3 +126,49 @@ async def _confirm(client: Client, rid: str, res: Resolution, timeout: float) ->
         left = max(0.5, deadline - loop.time())
         await confirm_by_query(lambda: state(client, rid), lambda st: st.settled, left)
     return outcome
+
+
+class FailedUndo(BaseModel):
+    """A step whose undo failed (a saga's, or ``exactcall undo``'s), not undone since."""
+
+    workflow_id: str
+    step: str
+    error: str
+    at: datetime
+    listed_by: str
+    """The workflow whose memo holds it (the saga's own, or ``exactcall-undo-<id>``)."""
+
+
+async def list_failed_undos(client: Client) -> list[FailedUndo]:
+    """Failed undos across workflows (visibility + memo; no worker needed), less the steps
+    that ``exactcall undo`` has undone since."""
+    from ._undo import UndoReport
+    from ._wire import UNDO_FAILED_MEMO, undo_id
+
+    latest: dict[tuple[str, str], FailedUndo] = {}
+    async for wf in client.list_workflows(f"{UNRESOLVED_ATTRIBUTE} = true"):
+        row = (await wf.memo()).get(UNDO_FAILED_MEMO)
+        if not isinstance(row, dict):
+            continue
+        for step, why in (row.get("failed") or {}).items():
+            f = FailedUndo(
+                workflow_id=row["workflow_id"],
+                step=step,
+                error=why,
+                at=datetime.fromisoformat(row["at"]),
+                listed_by=row.get("listed_by") or wf.id,
+            )
+            held = latest.get((f.workflow_id, step))
+            if held is None or f.at > held.at:
+                latest[(f.workflow_id, step)] = f
+    undone: dict[str, set[str]] = {}
+    for wid in {w for w, _ in latest}:
+        h = client.get_workflow_handle(undo_id(wid), result_type=UndoReport)
+        try:
+            if (await h.describe()).status != WorkflowExecutionStatus.COMPLETED:
+                continue  # still running, or it failed: nothing known undone by it
+            report = await h.result(follow_runs=False)
+        except RPCError:  # no exactcall undo of that workflow yet
+            continue
+        undone[wid] = set(report.undone)
+    return [f for (wid, step), f in sorted(latest.items()) if step not in undone.get(wid, set())]

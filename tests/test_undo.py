@@ -92,23 +92,41 @@ async def test_undo_twice_undoes_once_and_leaving_normally_undoes_nothing(
     assert bank.count(to=who) == 4
 
 
-async def test_a_failing_undo_does_not_stop_the_others(
-    client: Client, bank: Bank, who: str, tq: str
+async def test_a_failing_undo_does_not_stop_the_others_and_waits_in_unresolved(
+    server: DevServer, client: Client, bank: Bank, who: str, tq: str
 ) -> None:
-    steps = [
-        step("saga_pay", bank.url, 10, who),
-        step("saga_book", bank.url, 20, who, undo_fails=True),
-    ]
-    async with build_worker(client, tq, [SagaAgent]):
-        with pytest.raises(WorkflowFailureError) as err:
-            await run_saga(
-                client, tq, {"steps": steps, "fail": True}, f"saga-{uuid.uuid4().hex[:8]}"
+    steps = [step("saga_pay", bank.url, 10, who), step("saga_book", bank.url, 20, who)]
+    wid = f"saga-{uuid.uuid4().hex[:8]}"
+    undo_app.REFUSE_CANCEL.add(who)  # the hotel refuses, for now
+    try:
+        async with build_worker(client, tq, [SagaAgent]):
+            with pytest.raises(WorkflowFailureError) as err:
+                await run_saga(client, tq, {"steps": steps, "fail": True}, wid)
+            c = cause(err)
+            assert c.type == "UndoFailed"
+            assert "saga_book#1" in c.message and "this late" in c.message, c.message
+            assert "undone: saga_pay#1" in c.message
+            assert refunds(bank, who) == [(10, "saga_pay#1")]  # the other undo still ran
+            listed = await eventually(
+                lambda: _failed_undos(server, wid), lambda rows: len(rows) == 1, timeout=15
             )
-    c = cause(err)
-    assert c.type == "UndoFailed"
-    assert "saga_book#1" in c.message and "this late" in c.message, c.message
-    assert "undone: saga_pay#1" in c.message
-    assert refunds(bank, who) == [(10, "saga_pay#1")]  # the other undo still ran
+            assert (listed[0]["step"], listed[0]["kind"]) == ("saga_book#1", "undo_failed")
+            assert "this late" in listed[0]["error"]
+            undo_app.REFUSE_CANCEL.discard(who)  # fixed: a person undoes the step
+            out = await asyncio.to_thread(_undo_cli, server, wid, "--step", "saga_book#1", "--yes")
+            assert out.returncode == 0, out.stdout + out.stderr
+            assert out.stdout.splitlines() == ["saga_book#1  undone"]
+    finally:
+        undo_app.REFUSE_CANCEL.discard(who)
+    assert sorted(a for a, _ in refunds(bank, who)) == [10, 20]
+    assert await _failed_undos(server, wid) == []  # no longer listed
+
+
+async def _failed_undos(server: DevServer, wid: str) -> list[dict[str, Any]]:
+    out = await asyncio.to_thread(_cli, server, "unresolved", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    return [r for r in rows if r["kind"] == "undo_failed" and r["workflow_id"] == wid]
 
 
 def test_undo_declarations_are_checked() -> None:
@@ -166,8 +184,12 @@ async def test_a_crash_during_the_second_undo_undoes_each_once(
 
 
 def _undo_cli(server: DevServer, *args: str) -> subprocess.CompletedProcess[str]:
+    return _cli(server, "undo", *args)
+
+
+def _cli(server: DevServer, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "exactcall", "undo", *args, "--address", server.address],
+        [sys.executable, "-m", "exactcall", *args, "--address", server.address],
         capture_output=True,
         text=True,
         env={**os.environ, "EXACTCALL_LOG_LEVEL": "WARNING"},

@@ -27,15 +27,19 @@ def refund_saga_pay(done: exactcall.Done) -> dict[str, Any]:
     return _keyed(str(args["bank"]), int(args["amount"]), f"{args['to']}:refund", done.step)  # type: ignore[call-overload]
 
 
+REFUSE_CANCEL: set[str] = set()
+"""Accounts whose bookings the hotel refuses to cancel (a test adds one, then removes it)."""
+
+
 @exactcall.tool(provider_idempotent=True, heartbeat_timeout=FAST)
-def saga_book(bank: str, amount: int, to: str, undo_fails: bool = False) -> dict[str, Any]:
+def saga_book(bank: str, amount: int, to: str) -> dict[str, Any]:
     return _keyed(bank, amount, to)
 
 
 @saga_book.undo(name="cancel_booking", provider_idempotent=True, heartbeat_timeout=FAST)
 def cancel_booking(done: exactcall.Done) -> dict[str, Any]:
     args = done.args
-    if args.get("undo_fails"):
+    if args["to"] in REFUSE_CANCEL:
         raise exactcall.NotExecuted("the hotel refuses to cancel a booking this late", retry=False)
     payment = done.result["payment_id"]  # type: ignore[index,call-overload]
     return _keyed(

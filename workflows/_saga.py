@@ -17,16 +17,18 @@ from types import TracebackType
 from typing import Any
 
 from temporalio import workflow
+from temporalio.common import SearchAttributeKey
 
 from exactcall._canonical import to_json_value
 from exactcall._errors import ExactcallError
 from exactcall._model import Intent
 from exactcall._tool import Tool, resolve_tool
 from exactcall._undo import Done, UndoFailed, UndoInput, UndoReport, undo_step
-from exactcall._wire import UNDO_WORKFLOW
+from exactcall._wire import UNDO_FAILED_MEMO, UNDO_WORKFLOW, UNRESOLVED_ATTRIBUTE
 
 __all__ = ["Saga", "UndoRun", "note_done", "saga"]
 
+UNRESOLVED_KEY = SearchAttributeKey.for_bool(UNRESOLVED_ATTRIBUTE)
 _ACTIVE: contextvars.ContextVar[tuple[Saga, ...]] = contextvars.ContextVar(
     "exactcall_sagas", default=()
 )
@@ -62,6 +64,9 @@ class Saga:
         self._token: contextvars.Token[tuple[Saga, ...]] | None = None
         self.report: UndoReport | None = None
         """What the last ``undo()`` did."""
+        self._undo_of: str | None = None
+        """The workflow whose calls these are (``exactcall undo``), if not this one."""
+        self._failed: dict[str, str] = {}
 
     @property
     def calls(self) -> list[Done]:
@@ -134,6 +139,8 @@ class Saga:
                     str(err) if isinstance(err, ExactcallError) else f"{type(err).__name__}: {err}"
                 )
         self.report = UndoReport(undone=undone, skipped=skipped, failed=failed)
+        if failed or self._failed:
+            self._publish_failures(failed)
         if failed:
             raise UndoFailed(
                 "undo failed for "
@@ -145,6 +152,20 @@ class Saga:
                 skipped=skipped,
             )
         return self.report
+
+    def _publish_failures(self, failed: dict[str, str]) -> None:
+        """Where ``exactcall unresolved`` finds failed undos: this workflow's memo and its
+        ``ExactcallUnresolved`` search attribute (cleared once none is left)."""
+        self._failed = dict(failed)  # an undo() tries every earlier failure again
+        info = workflow.info()
+        row = {
+            "workflow_id": self._undo_of or info.workflow_id,
+            "listed_by": info.workflow_id,
+            "at": workflow.now().isoformat(),
+            "failed": self._failed,
+        }
+        workflow.upsert_memo({UNDO_FAILED_MEMO: row if self._failed else None})
+        workflow.upsert_search_attributes([UNRESOLVED_KEY.value_set(bool(self._failed))])
 
 
 def _undo_tool_of(name: str) -> Tool | None:
@@ -178,6 +199,7 @@ class UndoRun:
     async def run(self, inp: UndoInput) -> UndoReport:
         s = Saga()
         s._calls = list(inp.calls)
+        s._undo_of = inp.workflow_id
         try:
             return await s.undo()
         except UndoFailed:

@@ -46,6 +46,9 @@ class UndoReport(BaseModel):
     """Steps whose tool declares no undo."""
     failed: dict[str, str] = {}
     """Steps whose undo failed, with the error."""
+    nothing_to_undo: dict[str, str] = {}
+    """Steps whose outcome was unknown and turned out not to have happened (or was
+    abandoned), with why."""
 
 
 class UndoInput(BaseModel):

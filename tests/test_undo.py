@@ -86,7 +86,12 @@ async def test_undo_twice_undoes_once_and_leaving_normally_undoes_nothing(
         wid = f"saga-{uuid.uuid4().hex[:8]}"
         out = await run_saga(client, tq, {"steps": steps, "undo": 2}, wid)
     first, second = out["reports"]
-    assert first == {"undone": ["saga_pay#1"], "skipped": ["saga_notify#1"], "failed": {}}
+    assert first == {
+        "undone": ["saga_pay#1"],
+        "skipped": ["saga_notify#1"],
+        "failed": {},
+        "nothing_to_undo": {},
+    }
     assert second == first  # nothing ran again
     assert refunds(bank, who) == [(10, "saga_pay#1")]
     assert bank.count(to=who) == 4
@@ -127,6 +132,21 @@ async def _failed_undos(server: DevServer, wid: str) -> list[dict[str, Any]]:
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
     return [r for r in rows if r["kind"] == "undo_failed" and r["workflow_id"] == wid]
+
+
+async def test_unknown_outcomes_are_undone_once_their_reconciliation_says_they_happened(
+    client: Client, bank: Bank, who: str, tq: str
+) -> None:
+    # both calls raise AmbiguousOutcome (on_unknown="raise"); the saga waits for each verdict
+    steps = [step("saga_lost", bank.url, 10, who), step("saga_flaky", bank.url, 20, who)]
+    wid = f"saga-{uuid.uuid4().hex[:8]}"
+    async with build_worker(client, tq, [SagaAgent]):
+        out = await run_saga(client, tq, {"steps": steps, "undo": 1}, wid)
+    assert [o["error"] for o in out["out"]] == ["AmbiguousOutcome", "AmbiguousOutcome"]
+    # landed (found by the probe), and not landed then re-run by the reconciliation: both done
+    assert out["reports"][0]["undone"] == ["saga_flaky#1", "saga_lost#1"]
+    assert bank.count(to=who) == 2  # each paid once
+    assert sorted(a for a, _ in refunds(bank, who)) == [10, 20]  # and each undone once
 
 
 def test_undo_declarations_are_checked() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import exactcall
+from exactcall.demo.bank_client import payments_with_key
 from tests.tools import FAST, post
 
 
@@ -51,3 +52,49 @@ def cancel_booking(done: exactcall.Done) -> dict[str, Any]:
 def saga_notify(bank: str, amount: int, to: str) -> dict[str, Any]:
     """No undo declared: a saga skips it and says so."""
     return _keyed(bank, amount, to)
+
+
+def find_by_key(intent: exactcall.Intent) -> Any:
+    """Probe: the bank's payments under the call's key."""
+    rows = payments_with_key(str(intent.args["bank"]), intent.key)
+    return exactcall.Landed({"payment_id": rows[0]["id"]}) if rows else exactcall.NotLanded()
+
+
+def _pay_back(done: exactcall.Done) -> dict[str, Any]:
+    args = done.args
+    return _keyed(str(args["bank"]), int(args["amount"]), f"{args['to']}:refund", done.step)  # type: ignore[call-overload]
+
+
+@exactcall.tool(
+    provider_idempotent=False, heartbeat_timeout=FAST, on_unknown="raise", reconcile=find_by_key
+)
+def saga_lost(bank: str, amount: int, to: str) -> dict[str, Any]:
+    """Pays, then loses the answer: unknown, and the probe finds it landed."""
+    _keyed(bank, amount, to)
+    raise ConnectionResetError("connection reset after the request was sent")
+
+
+@saga_lost.undo(provider_idempotent=True, heartbeat_timeout=FAST)
+def undo_saga_lost(done: exactcall.Done) -> dict[str, Any]:
+    return _pay_back(done)
+
+
+_TRIED: set[str] = set()
+
+
+@exactcall.tool(
+    provider_idempotent=False, heartbeat_timeout=FAST, on_unknown="raise", reconcile=find_by_key
+)
+def saga_flaky(bank: str, amount: int, to: str) -> dict[str, Any]:
+    """The first attempt under a key loses the connection before sending: unknown, the probe
+    finds nothing, and the reconciliation's re-run pays."""
+    key = exactcall.idempotency_key()
+    if key not in _TRIED:
+        _TRIED.add(key)
+        raise ConnectionResetError("connection reset before the request was sent")
+    return _keyed(bank, amount, to)
+
+
+@saga_flaky.undo(provider_idempotent=True, heartbeat_timeout=FAST)
+def undo_saga_flaky(done: exactcall.Done) -> dict[str, Any]:
+    return _pay_back(done)

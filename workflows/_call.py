@@ -44,7 +44,7 @@ from exactcall._wire import BUDGETS_PATCH, READ_PATH_BY_DECLARATION
 
 from ._approval_wait import wait_for_approval
 from ._budget import reserve_for, reserve_overruns, settle_for
-from ._saga import note_done
+from ._saga import note_done, note_in_doubt
 from ._state import Flight, cancellation_reaches_calls, state
 from ._unknown import (
     OnUnknown,
@@ -135,7 +135,11 @@ async def call_with(
     elif flight.intent.args_hash != intent.args_hash:
         count(CALLS, tool=t.name, outcome="conflict")
         raise _conflict(t, intent, "already ran", flight.intent.args_hash)
-    result = _typed(t, await _join(flight))
+    try:
+        result = _typed(t, await _join(flight))
+    except AmbiguousOutcome:
+        note_in_doubt(intent)  # on_unknown="raise": a saga waits for the verdict to undo
+        raise
     note_done(intent, result)
     return result
 

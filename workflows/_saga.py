@@ -20,18 +20,28 @@ from temporalio import workflow
 from temporalio.common import SearchAttributeKey
 
 from exactcall._canonical import to_json_value
-from exactcall._errors import ExactcallError
+from exactcall._errors import ExactcallError, ToolFailed
 from exactcall._model import Intent
 from exactcall._tool import Tool, resolve_tool
 from exactcall._undo import Done, UndoFailed, UndoInput, UndoReport, undo_step
+from exactcall._verdicts import CallAbandoned
 from exactcall._wire import UNDO_FAILED_MEMO, UNDO_WORKFLOW, UNRESOLVED_ATTRIBUTE
 
-__all__ = ["Saga", "UndoRun", "note_done", "saga"]
+from ._unknown import await_verdict
+
+__all__ = ["Saga", "UndoRun", "note_done", "note_in_doubt", "saga"]
 
 UNRESOLVED_KEY = SearchAttributeKey.for_bool(UNRESOLVED_ATTRIBUTE)
 _ACTIVE: contextvars.ContextVar[tuple[Saga, ...]] = contextvars.ContextVar(
     "exactcall_sagas", default=()
 )
+
+
+def note_in_doubt(intent: Intent) -> None:
+    """A call raised AmbiguousOutcome (``on_unknown="raise"``): its reconciliation goes on,
+    and a saga that undoes waits for its verdict first."""
+    for s in _ACTIVE.get():
+        s._note_in_doubt(intent)
 
 
 def note_done(intent: Intent, result: Any) -> None:
@@ -43,16 +53,20 @@ def note_done(intent: Intent, result: Any) -> None:
         value = to_json_value(result, "result")
     except ExactcallError:
         value = None  # not JSON: the undo gets the arguments only
-    done = Done(
+    done = _done_of(intent, value)
+    for s in sagas:
+        s._note(done)
+
+
+def _done_of(intent: Intent, result: Any) -> Done:
+    return Done(
         tool=intent.tool,
         step=intent.step,
         key=intent.key,
         args=intent.args,
-        result=value,
+        result=result,
         workflow_id=intent.workflow_id,
     )
-    for s in sagas:
-        s._note(done)
 
 
 class Saga:
@@ -67,6 +81,9 @@ class Saga:
         self._undo_of: str | None = None
         """The workflow whose calls these are (``exactcall undo``), if not this one."""
         self._failed: dict[str, str] = {}
+        self._in_doubt: dict[str, Intent] = {}
+        """Calls whose outcome was unknown when they were made: undone once their
+        reconciliation says they happened."""
 
     @property
     def calls(self) -> list[Done]:
@@ -76,6 +93,11 @@ class Saga:
     def _note(self, done: Done) -> None:
         if all(d.key != done.key for d in self._calls):  # a joined call is noted once
             self._calls.append(done)
+
+    def _note_in_doubt(self, intent: Intent) -> None:
+        if all(d.key != intent.key for d in self._calls):
+            self._calls.append(_done_of(intent, None))
+            self._in_doubt[intent.key] = intent
 
     async def __aenter__(self) -> Saga:
         if not workflow.in_workflow():
@@ -114,10 +136,17 @@ class Saga:
         undone: list[str] = []
         skipped: list[str] = []
         failed: dict[str, str] = {}
-        for d in reversed(self._calls):
+        nothing: dict[str, str] = {}
+        for i, d in enumerate(reversed(self._calls)):
             if d.step in self._undone:
                 undone.append(d.step)
                 continue
+            if d.key in self._in_doubt:
+                try:
+                    d = await self._verdict(len(self._calls) - 1 - i, d)
+                except (ToolFailed, CallAbandoned) as err:
+                    nothing[d.step] = str(err)  # it did not happen, or nobody will know
+                    continue
             try:
                 u = _undo_tool_of(d.tool)
             except ExactcallError as err:  # exactcall undo, on a worker without the tool
@@ -138,7 +167,9 @@ class Saga:
                 failed[d.step] = (
                     str(err) if isinstance(err, ExactcallError) else f"{type(err).__name__}: {err}"
                 )
-        self.report = UndoReport(undone=undone, skipped=skipped, failed=failed)
+        self.report = UndoReport(
+            undone=undone, skipped=skipped, failed=failed, nothing_to_undo=nothing
+        )
         if failed or self._failed:
             self._publish_failures(failed)
         if failed:
@@ -152,6 +183,21 @@ class Saga:
                 skipped=skipped,
             )
         return self.report
+
+    async def _verdict(self, at: int, d: Done) -> Done:
+        """Wait for the reconciliation of a call whose outcome was unknown: landed (or re-run
+        and done) gives the call's result; it is then undone like any done call."""
+        intent = self._in_doubt[d.key]
+        t = resolve_tool(d.tool)
+        result = await await_verdict(t, intent, None)
+        try:
+            value = to_json_value(result, "result")
+        except ExactcallError:
+            value = None
+        done = _done_of(intent, value)
+        self._calls[at] = done
+        del self._in_doubt[d.key]
+        return done
 
     def _publish_failures(self, failed: dict[str, str]) -> None:
         """Where ``exactcall unresolved`` finds failed undos: this workflow's memo and its

@@ -149,6 +149,20 @@ async def test_unknown_outcomes_are_undone_once_their_reconciliation_says_they_h
     assert sorted(a for a, _ in refunds(bank, who)) == [10, 20]  # and each undone once
 
 
+async def test_an_unknown_call_that_never_happened_has_nothing_to_undo(
+    client: Client, bank: Bank, who: str, tq: str
+) -> None:
+    steps = [step("saga_declined", bank.url, 30, who)]
+    async with build_worker(client, tq, [SagaAgent]):
+        out = await run_saga(
+            client, tq, {"steps": steps, "undo": 2}, f"saga-{uuid.uuid4().hex[:8]}"
+        )
+    for report in out["reports"]:  # the second undo() knows it without asking again
+        assert report["undone"] == [] and list(report["nothing_to_undo"]) == ["saga_declined#1"]
+        assert "card declined" in report["nothing_to_undo"]["saga_declined#1"]
+    assert bank.count(to=who) == 0 and refunds(bank, who) == []
+
+
 def test_undo_declarations_are_checked() -> None:
     with pytest.raises(TypeError, match=r"one argument, the exactcall\.Done"):
         undo_app.saga_notify.undo(lambda done, extra: None)

@@ -98,3 +98,21 @@ def saga_flaky(bank: str, amount: int, to: str) -> dict[str, Any]:
 @saga_flaky.undo(provider_idempotent=True, heartbeat_timeout=FAST)
 def undo_saga_flaky(done: exactcall.Done) -> dict[str, Any]:
     return _pay_back(done)
+
+
+@exactcall.tool(
+    provider_idempotent=False, heartbeat_timeout=FAST, on_unknown="raise", reconcile=find_by_key
+)
+def saga_declined(bank: str, amount: int, to: str) -> dict[str, Any]:
+    """Loses the connection before sending (unknown, the probe finds nothing), and the
+    reconciliation's re-run is declined: it never happened."""
+    key = exactcall.idempotency_key()
+    if key not in _TRIED:
+        _TRIED.add(key)
+        raise ConnectionResetError("connection reset before the request was sent")
+    raise exactcall.NotExecuted(f"card declined for {amount} to {to}", retry=False)
+
+
+@saga_declined.undo(provider_idempotent=True, heartbeat_timeout=FAST)
+def undo_saga_declined(done: exactcall.Done) -> dict[str, Any]:
+    return _pay_back(done)

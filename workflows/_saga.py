@@ -82,6 +82,7 @@ class Saga:
         """The workflow whose calls these are (``exactcall undo``), if not this one."""
         self._failed: dict[str, str] = {}
         self._in_doubt: dict[str, Intent] = {}
+        self._nothing: dict[str, str] = {}
         """Calls whose outcome was unknown when they were made: undone once their
         reconciliation says they happened."""
 
@@ -141,11 +142,15 @@ class Saga:
             if d.step in self._undone:
                 undone.append(d.step)
                 continue
+            if d.step in self._nothing:
+                nothing[d.step] = self._nothing[d.step]
+                continue
             if d.key in self._in_doubt:
                 try:
                     d = await self._verdict(len(self._calls) - 1 - i, d)
                 except (ToolFailed, CallAbandoned) as err:
-                    nothing[d.step] = str(err)  # it did not happen, or nobody will know
+                    # it did not happen, or nobody will ever know: nothing to undo, now or later
+                    nothing[d.step] = self._nothing[d.step] = str(err)
                     continue
             try:
                 u = _undo_tool_of(d.tool)

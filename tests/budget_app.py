@@ -70,3 +70,12 @@ compact = exactcall.Budget("test-compact", limit=10)
 @exactcall.tool(budgets=[compact], provider_idempotent=True, heartbeat_timeout=FAST)
 def budget_compact(bank: str, amount: int, to: str) -> dict[str, Any]:
     return post(bank, "/payments", {"amount": amount, "to": to}, exactcall.idempotency_headers())
+
+
+late = exactcall.Budget("test-late", limit=1000, measure="amount")
+
+
+@exactcall.tool(budgets=[late], provider_idempotent=True, heartbeat_timeout=FAST)
+def budget_late(bank: str, amount: int, to: str) -> dict[str, Any]:
+    """tests/budget_v1.py's tool after the deploy that gave it a budget."""
+    return post(bank, "/payments", {"amount": amount, "to": to}, exactcall.idempotency_headers())

@@ -20,6 +20,7 @@ import exactcall
 from exactcall import approvals, reconciliation
 from exactcall._budget import LedgerInput
 from exactcall._cli_budgets import view
+from exactcall._replay import replay_histories
 from exactcall._server import DevServer
 from exactcall._wire import BUDGET_WORKFLOW, budget_id
 from exactcall._worker import build_worker
@@ -378,3 +379,41 @@ async def _cli_lists_budgets_and_charges(server: DevServer) -> None:
         cwd=ROOT,
     )
     assert missing.returncode == 2 and "no running ledger of budget 'no-such'" in missing.stderr
+
+
+async def test_a_history_from_before_the_tool_had_budgets_replays() -> None:
+    # recorded by tests/budget_v1.py (no budgets=); budget_app's budget_late has one now: the
+    # recorded call took the path without reservations (BUDGETS_PATCH), and replays so
+    path = ROOT / "tests" / "histories" / "budget" / "before_budgets.json"
+    [report] = await replay_histories([path], [Agent])
+    assert report.ok, report.problems
+    assert report.calls == 1
+
+
+async def test_a_call_in_flight_across_the_deploy_finishes_once_uncharged(
+    server: DevServer, client: Client, bank: Bank, who: str, tq: str, two_workers: list[Any]
+) -> None:
+    # the old worker (no budgets) dies right after the bank booked the payment; the new one,
+    # whose tool has a budget, finishes the call from its history: one payment, no charge
+    old = WorkerProcess(
+        server.address,
+        tq,
+        tools=["tests.budget_v1"],
+        workflows=["tests.workflows"],
+        crash_at="budget_late:after_call:1",
+        env={"EXACTCALL_LOG_LEVEL": "WARNING"},
+        cwd=ROOT,
+    )
+    two_workers.append(old)
+    await old.started()
+    h = await start_agent(client, tq, plan(step("budget_late", bank.url, 40, who)))
+    assert await old.killed() == -9
+    assert bank.count(to=who) == 1
+    async with running_worker(client, tq):
+        [out] = await h.result()
+        assert "ok" in out, out
+        later = await start_agent(client, tq, plan(step("budget_late", bank.url, 5, who)))
+        assert "ok" in (await later.result())[0]  # a call after the deploy is charged
+        v = await view(client, "test-late")
+    assert [(w.spent, w.calls) for w in v.windows] == [(5.0, 1)]
+    assert bank.count(to=who) == 2

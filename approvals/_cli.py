@@ -10,6 +10,8 @@ from typing import Any
 
 from temporalio.client import Client
 
+from exactcall._confirm import confirm_at_terminal
+
 from . import (
     ApprovalRequest,
     DecisionResult,
@@ -133,23 +135,6 @@ async def _show(client: Client, workflow: str, step: str | None, as_json: bool) 
     return EXIT_OK
 
 
-def _confirm(prompt: str, yes: bool) -> int | None:
-    """None to go on; an exit code otherwise."""
-    if yes:
-        return None
-    if not (sys.stdin.isatty() and sys.stdout.isatty()):
-        print(
-            "exactcall: refusing to decide without a terminal; pass --yes to confirm",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
-    answer = input(f"{prompt} [y/N] ").strip().lower()
-    if answer not in ("y", "yes"):
-        print("Nothing sent.")
-        return EXIT_REFUSED
-    return None
-
-
 def _report(res: DecisionResult) -> int:
     d = res.decision
     if res.accepted:
@@ -202,7 +187,7 @@ async def _decide(client: Client, ns: argparse.Namespace) -> int:
             "will reject (and record) this decision.",
             file=sys.stderr,
         )
-    stop = _confirm(f"\n{ns.command.capitalize()} exactly this call?", ns.yes)
+    stop = confirm_at_terminal(f"\n{ns.command.capitalize()} exactly this call?", ns.yes)
     if stop is not None:
         return stop
     res = await decide(
@@ -263,7 +248,7 @@ async def _preapprove(client: Client, ns: argparse.Namespace) -> int:
     h = args_hash(ns.tool, args)
     print(f"pre-approve {ns.tool}({json.dumps(args, sort_keys=True)})\nargs hash {h}")
     print(f"consumed once, by the first {ns.tool} call of {ns.workflow} with these arguments")
-    stop = _confirm("\nPre-approve exactly this call?", ns.yes)
+    stop = confirm_at_terminal("\nPre-approve exactly this call?", ns.yes)
     if stop is not None:
         return stop
     res = await preapprove(

@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
+from temporalio.client import Client
 
 from ._errors import ExactcallError, InvalidCall, register_error
-from ._wire import budget_id
+from ._wire import BUDGET_MEMO, BUDGET_WORKFLOW, budget_id
 
 __all__ = [
     "Budget",
@@ -32,6 +33,7 @@ __all__ = [
     "ChargeOp",
     "LedgerInput",
     "ledger_input",
+    "ledgers",
 ]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -324,3 +326,13 @@ def over_text(b: Budget, window: str, a: ChargeAnswer, measure: float) -> str:
 
 def _n(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+async def ledgers(client: Client) -> AsyncIterator[tuple[str, BudgetView]]:
+    """Each running budget ledger of the namespace: (its workflow id, its totals), read from
+    the ledger's memo (visibility: no worker needed)."""
+    query = f"WorkflowType = '{BUDGET_WORKFLOW}' AND ExecutionStatus = 'Running'"
+    async for wf in client.list_workflows(query):
+        totals = (await wf.memo()).get(BUDGET_MEMO)
+        if isinstance(totals, dict):
+            yield wf.id, BudgetView.model_validate(totals)

@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import AsyncIterator
 from typing import Any
 
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from ._budget import BudgetView, Charge
-from ._wire import BUDGET_MEMO, BUDGET_STATE_QUERY, BUDGET_WORKFLOW, budget_id
+from ._budget import BudgetView, Charge, ledgers
+from ._wire import BUDGET_STATE_QUERY, budget_id
 
 __all__ = ["add_parsers", "ledgers", "run", "view"]
 
@@ -30,16 +29,6 @@ def add_parsers(sub: Any, connection_args: Any) -> None:
     s.add_argument("--window", metavar="W", help="one window (its start, as listed)")
     s.add_argument("--json", action="store_true", dest="show_json")
     connection_args(s)
-
-
-async def ledgers(client: Client) -> AsyncIterator[tuple[str, BudgetView]]:
-    """Each running budget ledger of the namespace: (its workflow id, its totals), read from
-    the ledger's memo (visibility: no worker needed)."""
-    query = f"WorkflowType = '{BUDGET_WORKFLOW}' AND ExecutionStatus = 'Running'"
-    async for wf in client.list_workflows(query):
-        totals = (await wf.memo()).get(BUDGET_MEMO)
-        if isinstance(totals, dict):
-            yield wf.id, BudgetView.model_validate(totals)
 
 
 async def view(client: Client, name: str, workflow_id: str | None = None) -> BudgetView:

@@ -10,7 +10,8 @@ from typing import Any
 
 from temporalio.client import Client
 
-from .approvals._cli import EXIT_OK, EXIT_QUEUED, EXIT_REFUSED, EXIT_USAGE, _confirm
+from ._confirm import confirm_at_terminal
+from .approvals._cli import EXIT_OK, EXIT_QUEUED, EXIT_REFUSED, EXIT_USAGE
 from .reconciliation import UnresolvedCall, find, list_failed_undos, list_unresolved, resolve
 
 __all__ = ["add_parsers", "run"]
@@ -115,7 +116,7 @@ async def _resolve(ns: argparse.Namespace, client: Client) -> int:
     }[verdict]
     print(f"{row.tool} {row.step} of {row.workflow_id}\n    args {json.dumps(row.args)}")
     print(f"    why  {row.reason}\nverdict: {verdict} ({what})")
-    stop = _confirm("Send this verdict?", ns.yes)
+    stop = confirm_at_terminal("Send this verdict?", ns.yes)
     if stop is not None:
         return stop
     res = await resolve(

@@ -20,6 +20,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from ._calls import RunCall, calls_in_history
 from ._canonical import to_json_value
+from ._confirm import confirm_at_terminal
 from ._errors import ExactcallError
 from ._undo import UNDO_SUFFIX, Done, UndoInput, UndoReport
 from ._wire import UNDO_WORKFLOW, undo_id
@@ -87,15 +88,18 @@ async def run(ns: argparse.Namespace, client: Client) -> int:
     if not todo:
         return _print(ns, desc.run_id, UndoReport(), already, nothing, waiting=False)
     if not ns.yes:
-        if not (sys.stdin.isatty() and sys.stdout.isatty()):
-            return _err("refusing to undo without a terminal; pass --yes to confirm")
         print(f"undo, newest first, in {ns.workflow_id} (run {desc.run_id}):")
         for c in reversed(todo):
             print(f"  {c.step}  {c.tool} {json.dumps(c.args, sort_keys=True)}")
-        answer = await asyncio.to_thread(input, "undo these calls? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            print("nothing was undone")
-            return EXIT_NOT_ALL
+        stop = await asyncio.to_thread(
+            confirm_at_terminal,
+            "undo these calls?",
+            False,
+            doing="undo",
+            declined="nothing was undone",
+        )
+        if stop is not None:
+            return stop
     inp = UndoInput(
         workflow_id=ns.workflow_id,
         run_id=desc.run_id,

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from temporalio.client import WorkflowQueryFailedError
 from temporalio.service import RPCError
 
-__all__ = ["confirm_by_query"]
+__all__ = ["confirm_at_terminal", "confirm_by_query"]
 
 S = TypeVar("S")
 R = TypeVar("R")
@@ -31,4 +32,24 @@ async def confirm_by_query(
         if found is not None:
             return found
         await asyncio.sleep(0.05)
+    return None
+
+
+def confirm_at_terminal(
+    prompt: str, yes: bool, *, doing: str = "decide", declined: str = "Nothing sent."
+) -> int | None:
+    """A person's yes before a CLI acts: None to go on; else the exit code (2: no terminal
+    and no ``--yes``; 1: the answer was not yes, after printing ``declined``)."""
+    if yes:
+        return None
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        print(
+            f"exactcall: refusing to {doing} without a terminal; pass --yes to confirm",
+            file=sys.stderr,
+        )
+        return 2
+    answer = input(f"{prompt} [y/N] ").strip().lower()
+    if answer not in ("y", "yes"):
+        print(declined)
+        return 1
     return None

@@ -128,7 +128,7 @@ async def backlog(client: Client) -> tuple[dict[str, int], dict[str, int]]:
 async def budget_figures(client: Client) -> dict[str, tuple[float, float, float]]:
     """Each namespace budget's latest window: (spent, reserved, limit), from its ledger's memo.
     Workflow-scope budgets are left out (a series per workflow id would not stay bounded)."""
-    from ._cli_budgets import ledgers
+    from ._budget import ledgers
 
     out: dict[str, tuple[float, float, float]] = {}
     async for _, v in ledgers(client):

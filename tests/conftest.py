@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -105,12 +105,15 @@ async def start_agent(
     )
 
 
-def tests_worker(server: DevServer, tq: str, crash_at: str | None = None) -> TestingWorker:
-    """``exactcall worker`` for the test tools and workflows, in a child process."""
+def tests_worker(
+    server: DevServer, tq: str, crash_at: str | None = None, tools: Sequence[str] = ("tests.tools",)
+) -> TestingWorker:
+    """``exactcall worker`` for the test tools (``tools``: their modules) and workflows, in a
+    child process."""
     return TestingWorker(
         server.address,
         tq,
-        tools=["tests.tools"],
+        tools=list(tools),
         workflows=["tests.workflows"],
         crash_at=crash_at,
         env={"EXACTCALL_LOG_LEVEL": "INFO"},
@@ -122,8 +125,10 @@ def tests_worker(server: DevServer, tq: str, crash_at: str | None = None) -> Tes
 def worker_process(server: DevServer) -> Iterator[Callable[..., TestingWorker]]:
     started: list[TestingWorker] = []
 
-    def make(tq: str, crash_at: str | None = None) -> TestingWorker:
-        wp = tests_worker(server, tq, crash_at)
+    def make(
+        tq: str, crash_at: str | None = None, tools: Sequence[str] = ("tests.tools",)
+    ) -> TestingWorker:
+        wp = tests_worker(server, tq, crash_at, tools)
         started.append(wp)
         return wp
 

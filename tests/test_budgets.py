@@ -9,7 +9,7 @@ import re
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -272,33 +272,15 @@ async def test_a_worker_without_a_workflow_cache_is_refused(client: Client, tq: 
     assert "budget_refund" in str(err.value)
 
 
-@pytest.fixture
-def two_workers(server: DevServer) -> Iterator[list[WorkerProcess]]:
-    started: list[WorkerProcess] = []
-    yield started
-    for w in started:
-        w.stop()
-
-
-def _worker(server: DevServer, tq: str, crash_at: str | None = None) -> WorkerProcess:
-    return WorkerProcess(
-        server.address,
-        tq,
-        tools=["tests.tools", "tests.budget_app"],
-        workflows=["tests.workflows"],
-        crash_at=crash_at,
-        env={"EXACTCALL_LOG_LEVEL": "WARNING"},
-        cwd=ROOT,
-    )
+BUDGET_TOOLS = ("tests.tools", "tests.budget_app")
 
 
 async def test_thirty_refunds_under_five_thousand_with_a_worker_killed(
-    server: DevServer, client: Client, bank: Bank, who: str, tq: str, two_workers: list[Any]
+    client: Client, bank: Bank, who: str, tq: str, worker_process: Callable[..., WorkerProcess]
 ) -> None:
     # two workers; A is SIGKILLed right after its first refund reached the bank
-    a = _worker(server, tq, crash_at="crash_refund:after_call:1")
-    b = _worker(server, tq)
-    two_workers.extend([a, b])
+    a = worker_process(tq, crash_at="crash_refund:after_call:1", tools=BUDGET_TOOLS)
+    b = worker_process(tq, tools=BUDGET_TOOLS)
     await a.started()
     await b.started()
     prefix = f"refunds-{uuid.uuid4().hex[:6]}-"
@@ -391,20 +373,11 @@ async def test_a_history_from_before_the_tool_had_budgets_replays() -> None:
 
 
 async def test_a_call_in_flight_across_the_deploy_finishes_once_uncharged(
-    server: DevServer, client: Client, bank: Bank, who: str, tq: str, two_workers: list[Any]
+    client: Client, bank: Bank, who: str, tq: str, worker_process: Callable[..., WorkerProcess]
 ) -> None:
     # the old worker (no budgets) dies right after the bank booked the payment; the new one,
     # whose tool has a budget, finishes the call from its history: one payment, no charge
-    old = WorkerProcess(
-        server.address,
-        tq,
-        tools=["tests.budget_v1"],
-        workflows=["tests.workflows"],
-        crash_at="budget_late:after_call:1",
-        env={"EXACTCALL_LOG_LEVEL": "WARNING"},
-        cwd=ROOT,
-    )
-    two_workers.append(old)
+    old = worker_process(tq, crash_at="budget_late:after_call:1", tools=["tests.budget_v1"])
     await old.started()
     h = await start_agent(client, tq, plan(step("budget_late", bank.url, 40, who)))
     assert await old.killed() == -9

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -173,30 +173,12 @@ def test_undo_declarations_are_checked() -> None:
         undo_app.saga_pay.undo(lambda done: None)
 
 
-@pytest.fixture
-def workers() -> Iterator[list[WorkerProcess]]:
-    started: list[WorkerProcess] = []
-    yield started
-    for w in started:
-        w.stop()
-
-
 async def test_a_crash_during_the_second_undo_undoes_each_once(
-    server: DevServer, client: Client, bank: Bank, who: str, tq: str, workers: list[Any]
+    client: Client, bank: Bank, who: str, tq: str, worker_process: Callable[..., WorkerProcess]
 ) -> None:
-    def worker(crash_at: str | None = None) -> WorkerProcess:
-        return WorkerProcess(
-            server.address,
-            tq,
-            tools=["tests.tools", "tests.undo_app"],
-            workflows=["tests.workflows"],
-            crash_at=crash_at,
-            env={"EXACTCALL_LOG_LEVEL": "WARNING"},
-            cwd=ROOT,
-        )
-
-    a = worker("saga_pay.undo:after_call:1")  # SIGKILLed once its refund reached the bank
-    workers.append(a)
+    tools = ["tests.tools", "tests.undo_app"]
+    # A is SIGKILLed once the second undo's refund reached the bank; B finishes
+    a = worker_process(tq, crash_at="saga_pay.undo:after_call:1", tools=tools)
     await a.started()
     steps = [step("saga_pay", bank.url, 10, who), step("saga_book", bank.url, 20, who)]
     h = await client.start_workflow(
@@ -207,8 +189,7 @@ async def test_a_crash_during_the_second_undo_undoes_each_once(
     )
     assert await a.killed() == -9
     assert len(refunds(bank, who)) == 2  # both undos had reached the bank
-    b = worker()
-    workers.append(b)
+    b = worker_process(tq, tools=tools)
     await b.started()
     with pytest.raises(WorkflowFailureError) as err:
         await h.result()

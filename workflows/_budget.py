@@ -179,15 +179,7 @@ class BudgetLedger:
         if refused is not None:  # validated together with another reservation
             raise refused
         if self._summarised(op.key):  # charged once already
-            spent, reserved = self._used(op.window)
-            return ChargeAnswer(
-                ok=True,
-                state="spent",
-                spent=spent,
-                reserved=reserved,
-                limit=self._limit,
-                window=op.window,
-            )
+            return self._answer(op.window, "spent")
         c = self._charges.get(op.key)
         if c is None:
             c = Charge(
@@ -204,7 +196,7 @@ class BudgetLedger:
             )
             self._charges[op.key] = c
             self._touched += 1
-        return self._answer(c)
+        return self._answer(c.window, c.state)
 
     @reserve.validator
     def _validate_reserve(self, op: ChargeOp) -> None:
@@ -222,15 +214,10 @@ class BudgetLedger:
             self._charges[op.key] = c
             self._touched += 1
 
-    def _answer(self, c: Charge) -> ChargeAnswer:
-        spent, reserved = self._used(c.window)
+    def _answer(self, window: str, state: str) -> ChargeAnswer:
+        spent, reserved = self._used(window)
         return ChargeAnswer(
-            ok=True,
-            state=c.state,
-            spent=spent,
-            reserved=reserved,
-            limit=self._limit,
-            window=c.window,
+            ok=True, state=state, spent=spent, reserved=reserved, limit=self._limit, window=window
         )
 
     @workflow.query(name=BUDGET_STATE_QUERY)

@@ -16,7 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_parsers", "parse_duration", "run"]
+__all__ = ["add_parsers", "parse_duration", "parse_tool_window", "run"]
 
 EXTRA_HINT = "pip install 'exactcall[mcp]'"
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*$")
@@ -33,6 +33,17 @@ def parse_duration(text: str) -> timedelta:
     return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
 
 
+def parse_tool_window(text: str) -> tuple[str, timedelta]:
+    """``send_email=10m`` -> ``("send_email", 10 minutes)`` (argparse type)."""
+    tool, sep, duration = text.rpartition("=")
+    if not sep or not tool:
+        raise argparse.ArgumentTypeError(f"{text!r}: use TOOL=DURATION, e.g. send_email=10m")
+    window = parse_duration(duration)
+    if window.total_seconds() <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the window must be positive")
+    return tool, window
+
+
 def add_parsers(sub: Any, connection_args: Callable[[argparse.ArgumentParser], None]) -> None:
     m = sub.add_parser("mcp", help="MCP servers: a once-only stdio proxy, and a risk scan")
     msub = m.add_subparsers(dest="mcp_command", required=True)
@@ -46,14 +57,32 @@ def add_parsers(sub: Any, connection_args: Callable[[argparse.ArgumentParser], N
     )
     p.add_argument("--name", help="the upstream server's name (default: from its command)")
     p.add_argument(
+        "--retry-window",
+        type=parse_duration,
+        default=None,
+        help="how long a write's outcome that reached no client (cancelled, disconnected, "
+        "a proxy or client died) waits for the retry, which gets it without running it again "
+        "(default 10m)",
+    )
+    p.add_argument(
         "--window",
         type=parse_duration,
-        default=timedelta(minutes=10),
-        help="identical write calls within this window execute once (default 10m)",
+        default=None,
+        help=argparse.SUPPRESS,  # deprecated: --retry-window (and --dedupe-window TOOL=...)
+    )
+    p.add_argument(
+        "--dedupe-window",
+        action="append",
+        default=[],
+        metavar="TOOL=DURATION",
+        type=parse_tool_window,
+        help="identical calls of TOOL within DURATION run once, even deliberate repeats "
+        "(e.g. send_email=10m); the model is told when a call was not run again",
     )
     p.add_argument("--read-only", action="append", default=[], metavar="TOOL")
-    p.add_argument("--dedupe", action="append", default=[], metavar="TOOL")
-    p.add_argument("--no-dedupe", action="append", default=[], metavar="TOOL")
+    p.add_argument("--write", action="append", default=[], metavar="TOOL")
+    p.add_argument("--dedupe", action="append", default=[], help=argparse.SUPPRESS)  # --write
+    p.add_argument("--no-dedupe", action="append", default=[], help=argparse.SUPPRESS)
     p.add_argument("--approve", action="append", default=[], metavar="TOOL")
     p.add_argument(
         "--approval-wait",
@@ -73,7 +102,8 @@ def add_parsers(sub: Any, connection_args: Callable[[argparse.ArgumentParser], N
         "scan",
         help="list each MCP server's tools by risk (calls no tool)",
         description="Starts each stdio server of an MCP client config (or the command after "
-        "--), sends only initialize and tools/list, and classes every tool high, medium or low.",
+        "--), sends only initialize and tools/list, classes every tool high, medium or low, and "
+        "says what exactcall mcp proxy with the same flags would do with it.",
     )
     s.add_argument("--config", type=Path, action="append", default=[], metavar="FILE")
     s.add_argument("--json", action="store_true")
@@ -83,6 +113,18 @@ def add_parsers(sub: Any, connection_args: Callable[[argparse.ArgumentParser], N
         type=parse_duration,
         default=timedelta(seconds=20),
         help="how long each server has to start and list its tools (default 20s)",
+    )
+    # the proxy's own flags: the PROXY column says what a proxy given them does with each tool
+    s.add_argument("--trusted", action="store_true", help="as the proxy's --trusted")
+    s.add_argument("--read-only", action="append", default=[], metavar="TOOL")
+    s.add_argument("--write", action="append", default=[], metavar="TOOL")
+    s.add_argument("--approve", action="append", default=[], metavar="TOOL")
+    s.add_argument(
+        "--dedupe-window",
+        action="append",
+        default=[],
+        metavar="TOOL=DURATION",
+        type=parse_tool_window,
     )
     s.add_argument("server_command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 

@@ -37,9 +37,11 @@ __all__ = [
     "MARK_SIGNAL",
     "MCP_PROXY_APPROVED_WORKFLOW",
     "MCP_PROXY_AWAIT_SETTLED",
+    "MCP_PROXY_DELIVERED_SIGNAL",
     "MCP_PROXY_ID_PREFIX",
     "MCP_PROXY_TOOL",
     "MCP_PROXY_WAIT_UPDATE",
+    "MCP_PROXY_WITHDRAW_SIGNAL",
     "MCP_PROXY_WORKFLOW",
     "PENDING_ATTRIBUTE",
     "PENDING_MEMO",
@@ -147,6 +149,11 @@ JOINED_SIGNAL = "exactcall.joined"
 CANCELLED_SIGNAL = "exactcall.call_cancelled"
 """The workflow of the call cancelled it, to its reconciliation."""
 MCP_PROXY_WAIT_UPDATE = "exactcall.mcp.wait"
+MCP_PROXY_DELIVERED_SIGNAL = "exactcall.mcp.delivered"
+"""A proxy wrote a call's final answer to its client: the call's workflow may end (in mode
+``retry``), so the next identical call is a new call."""
+MCP_PROXY_WITHDRAW_SIGNAL = "exactcall.mcp.withdraw"
+"""A client cancelled its request: when no other caller waits, the call is cancelled."""
 
 # -- the adapters' names in the frameworks' own state --------------------------------------------
 LANGGRAPH_APPROVAL_INTERRUPT = "exactcall.approval"

@@ -5,13 +5,16 @@
   ``append`` (a write), ``slow_append`` (a write that first writes ``FILE.started``, then sleeps,
   then appends), ``get_lines`` (a read by its name), ``tally`` (``readOnlyHint: true`` but a
   write-looking name), ``refuse`` (answers isError with ``_meta`` ``io.exactcall/not-executed``)
-  and ``fail_soft`` (answers isError without it). Each appends ``TOOL ARG KEY`` where KEY is the
+  ``fail_soft`` (answers isError without it), ``get_count`` (a read by its name),
+  ``write_file`` (overwrites ``FILE.content``), ``set_logging`` (a toggle) and ``increment``
+  (a counter without arguments). Each appends ``TOOL ARG KEY`` where KEY is the
   ``io.exactcall/idempotency-key`` it received in ``_meta`` (and answers with it, plus the
   ``_meta`` ``io.example/trace`` it got). At start it writes its pid and its
   parent's (the proxy's) to ``FILE.pid``.
 * ``raw FILE``: no SDK; appends every line it receives to FILE exactly as the bytes came, and
   answers ``initialize``, ``tools/list`` and ``tools/call`` minimally; a line that is not JSON
-  gets a line that is not JSON back, and a batch gets a batch back.
+  gets a line that is not JSON back, and a batch gets a batch back; a
+  ``tools/call`` of ``hang`` is never answered.
 """
 
 from __future__ import annotations
@@ -87,6 +90,31 @@ def effects_server(path: Path) -> MCPServer:
             is_error=True,
         )
 
+    @server.tool()
+    def get_count(ctx: Context) -> str:
+        """A read by its name, that the tests guard with --write/--dedupe."""
+        return record("get_count", "-", ctx)
+
+    @server.tool()
+    def write_file(content: str, ctx: Context) -> str:
+        """Overwrite FILE.content (a write whose last call decides what is on disk)."""
+        Path(f"{path}.content").write_text(content)
+        record("write_file", content, ctx)
+        return f"Successfully wrote {content!r}"
+
+    @server.tool()
+    def set_logging(on: bool, ctx: Context) -> str:
+        """A toggle: the last call's value is the state."""
+        record("set_logging", "on" if on else "off", ctx)
+        return f"logging is {'on' if on else 'off'}"
+
+    @server.tool()
+    def increment(ctx: Context) -> str:
+        """A counter without arguments: every real call adds one."""
+        record("increment", "-", ctx)
+        n = sum(1 for ln in path.read_text().splitlines() if ln.startswith("increment "))
+        return f"count is {n}"
+
     return server
 
 
@@ -106,21 +134,33 @@ def raw_server(path: Path) -> None:
             answers = [_answer(m) for m in msg if isinstance(m, dict) and "id" in m]
             out.write(json.dumps(answers).encode() + b"\n")
         elif isinstance(msg, dict) and "id" in msg:
-            out.write(json.dumps(_answer(msg)).encode() + b"\n")
+            answer = _answer(msg)
+            if answer:
+                out.write(json.dumps(answer).encode() + b"\n")
         out.flush()
+
+
+CAPABLE_TOOLS = {"roots": "pick_root", "sampling": "ask_model", "elicitation": "ask_user"}
+_declared: set[str] = set()  # the client capabilities declared in initialize
 
 
 def _answer(msg: dict[str, Any]) -> dict[str, Any]:
     method, rid = msg.get("method"), msg.get("id")
     params = msg.get("params") or {}
     if method == "initialize":
+        _declared.update((params.get("capabilities") or {}).keys())
         result: dict[str, Any] = {
             "protocolVersion": params.get("protocolVersion", "2025-11-25"),
             "capabilities": {"tools": {}},
             "serverInfo": {"name": "raw", "version": "0"},
         }
     elif method == "tools/list":
-        result = {"tools": [{"name": "poke", "inputSchema": {"type": "object"}}]}
+        # like servers whose tools need the client's roots, sampling or elicitation, list
+        # those only to a client that declared the capability in initialize
+        names = ["poke"] + [CAPABLE_TOOLS[c] for c in CAPABLE_TOOLS if c in _declared]
+        result = {"tools": [{"name": n, "inputSchema": {"type": "object"}} for n in names]}
+    elif method == "tools/call" and params.get("name") == "hang":
+        return {}  # never answered: the tests cancel it
     elif method == "tools/call":
         result = {"content": [{"type": "text", "text": f"poked {params.get('arguments')}"}]}
     else:

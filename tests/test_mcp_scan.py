@@ -171,7 +171,7 @@ def test_default_locations_and_claude_code_format(tmp_path: Path) -> None:
     code, text, _ = scan("--fail-on", "medium", home=tmp_path, cwd=project)
     assert code == 0
     assert "reads  (" in text and f"from {project / '.mcp.json'}" in text
-    assert "low     get_weather  readOnlyHint=true" in text
+    assert "low     get_weather  pass through      readOnlyHint=true; proxy: " in text
     assert "0 high, 0 medium, 2 low; 0 server(s) not scanned; --fail-on medium: exit 0" in text
 
 
@@ -183,8 +183,79 @@ def test_a_command_after_dashes_and_nothing_to_scan(tmp_path: Path) -> None:
     assert code == 2 and "no MCP client config found" in err and "--config FILE" in err
     bad = tmp_path / "bad.json"
     bad.write_text('{"servers": 3}')
-    code, _, err = scan("--config", str(bad), home=tmp_path)
-    assert code == 2 and 'no "mcpServers" object' in err
+    code, text, _ = scan("--config", str(bad), home=tmp_path)
+    assert code == 2 and 'no "mcpServers" object' in text and "config skipped" in text
     only_broken = write_config(tmp_path / "broken.json", {"broken": entry("crash")})
     code, text, _ = scan("--config", str(only_broken), home=tmp_path)
     assert code == 2 and "1 server(s) not scanned" in text
+
+
+def test_a_bad_config_is_reported_and_skipped_and_the_others_still_count(tmp_path: Path) -> None:
+    (tmp_path / ".claude.json").write_text('{"projects": {}}')  # Claude Code's, no mcpServers
+    good = write_config(tmp_path / "good.json", {"reads": entry("reads")})
+    code, text, _ = scan(
+        "--config",
+        str(tmp_path / ".claude.json"),
+        "--config",
+        str(good),
+        home=tmp_path,
+    )
+    assert code == 0, text
+    assert "skipped: config skipped: " in text and 'no "mcpServers" object' in text
+    assert "low     get_weather" in text and "1 server(s) not scanned" in text
+    # a server entry without a command is skipped the same way, its neighbours scanned
+    mixed = write_config(tmp_path / "mixed.json", {"nocmd": {"args": []}, "reads": entry("reads")})
+    code, report, _ = scan("--config", str(mixed), "--json", home=tmp_path)
+    assert code == 0
+    status = {s["name"]: (s["status"], s.get("error", "")) for s in report["servers"]}
+    assert status["reads"][0] == "scanned"
+    assert status["nocmd"][0] == "skipped" and 'has no "command"' in status["nocmd"][1]
+
+
+def test_declares_client_capabilities_so_capability_tools_are_listed(tmp_path: Path) -> None:
+    raw = [sys.executable, "-m", "tests.mcp_proxy_servers", "raw", str(tmp_path / "raw.log")]
+    code, report, _ = scan("--json", "--fail-on", "none", "--", *raw, home=tmp_path)
+    assert code == 0
+    [server] = report["servers"]
+    assert sorted(t["tool"] for t in server["tools"]) == [
+        "ask_model",
+        "ask_user",
+        "pick_root",
+        "poke",
+    ]
+
+
+def test_the_proxy_column_is_what_the_proxy_does_with_the_same_flags(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "c.json", {"risky": entry("risky")})
+    code, report, _ = scan("--config", str(config), "--json", home=tmp_path)
+    tools = by_tool(report, "risky")
+    # untrusted: the hint decides nothing, the name does
+    assert (tools["get_weather"]["proxy"], tools["search_docs"]["proxy"]) == ("pass", "pass")
+    assert tools["get_weather"]["proxy_reason"].startswith("the name starts with 'get'")
+    assert tools["delete_everything"]["proxy"] == "guard"
+    assert tools["create_note"]["proxy"] == "guard"
+    flags = [
+        "--trusted",
+        "--approve",
+        "transfer_money",
+        "--read-only",
+        "update_ticket",
+        "--write",
+        "search_docs",
+        "--dedupe-window",
+        "send_message=10m",
+    ]
+    code, report, _ = scan("--config", str(config), "--json", *flags, home=tmp_path)
+    tools = by_tool(report, "risky")
+    got = {name: (t["proxy"], t["proxy_reason"]) for name, t in tools.items()}
+    assert got["transfer_money"] == ("approve", "--approve")
+    assert got["update_ticket"] == ("pass", "--read-only")
+    assert got["search_docs"] == ("guard", "--write")
+    assert got["send_message"] == ("guard", "--dedupe-window 10m")
+    # trusted: a readOnlyHint counts, except where the name says write
+    assert got["get_weather"][0] == "pass"
+    assert got["delete_everything"][0] == "guard", got["delete_everything"]
+    code, text, _ = scan("--config", str(config), "--trusted", home=tmp_path)
+    assert "need approval" not in text and "guard as a write" in text
+    code, _, err = scan("--config", str(config), "--read-only", "x", "--write", "x", home=tmp_path)
+    assert code == 2 and "tool 'x' is given both as a read" in err

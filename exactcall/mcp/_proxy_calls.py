@@ -5,7 +5,8 @@ Identity (documented formulas):
 * ``args_hash = exactcall.intent_hash("exactcall.mcp_proxy", server=NAME, tool=TOOL,
   arguments=ARGS, extra=OTHER_PARAMS)``: the hash approvals are bound to;
 * without a client key, workflow id ``exactcall-mcp-<NAME>-<args_hash[:32]>`` (identical calls
-  share it for the window), step ``<tool>@<epoch ms of the run's first call>``;
+  share it while they are retries of one call, see :mod:`._proxy_workflow`, or for the tool's
+  ``--dedupe-window``), step ``<tool>@<epoch ms of the run's first call>``;
 * with ``_meta`` ``io.exactcall/idempotency-key`` = K, workflow id
   ``exactcall-mcp-<NAME>-key-<sha256(K)[:32]>``, step ``<tool>``; K reused with other
   arguments is refused (IntentConflict) before anything runs.
@@ -13,11 +14,15 @@ Identity (documented formulas):
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
 import hashlib
 import time
 import uuid
-from dataclasses import dataclass
-from datetime import timedelta
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio.client import (
@@ -39,7 +44,9 @@ from . import DEDUPLICATED_META
 from . import KEY_META as CLIENT_KEY_META
 from ._proxy_workflow import (
     APPROVED_WORKFLOW,
+    DELIVERED_SIGNAL,
     WAIT_UPDATE,
+    WITHDRAW_SIGNAL,
     WORKFLOW,
     CallInput,
     Outcome,
@@ -54,6 +61,9 @@ MAX_CLIENT_KEY = 200
 WAIT_SLICE = 30.0
 SHORT_SLICE = 2.0
 MAX_KEPT_METAS = 1000
+NEW_RUN_TRIES = 100
+"""Attempts to start a new run while the previous identical call's run is ending."""
+FINAL = frozenset({"done", "failed", "denied", "abandoned", "cancelled"})
 
 
 @dataclass
@@ -66,6 +76,13 @@ class Call:
     extra: dict[str, Any]
     meta: dict[str, Any]
     approval: bool
+    window: timedelta | None = None
+    """The tool's ``--dedupe-window``: identical calls within it get this call's outcome."""
+    caller: str = field(default_factory=lambda: uuid.uuid4().hex)
+    workflow_id: str | None = None
+    """Set once the call's workflow has it as a caller (its withdrawal can be sent)."""
+    cancelled: bool = False
+    """The client cancelled the request: it gets no response (MCP)."""
 
     @property
     def client_key(self) -> Any:
@@ -85,6 +102,9 @@ class Reply:
     args_hash: str | None = None
     workflow_id: str | None = None
     step: str | None = None
+    deliver: str | None = None
+    """The caller id to report delivered once the result is written (a final outcome whose
+    run is kept for a retry until a client got it)."""
 
 
 @dataclass(frozen=True)
@@ -130,28 +150,31 @@ class Caller:
     def __init__(
         self,
         server: str,
-        window: timedelta,
+        retry_window: timedelta,
         approval_wait: timedelta,
         task_queue: str,
         cli_flags: Any,
         progress: Any,
     ) -> None:
-        """``cli_flags()``: connection flags for printed commands; ``progress(token, n,
+        """``retry_window``: how long an outcome no client received waits for a retry;
+        ``cli_flags()``: connection flags for printed commands; ``progress(token, n,
         message)``: sends a progress notification to the client. ``metas``: the client's
         ``_meta`` of each call by workflow id, for the upstream request (not identity)."""
         self.server = server
-        self.window = window.total_seconds()
+        self.retry_window = retry_window.total_seconds()
         self.approval_wait = approval_wait.total_seconds()
         self.task_queue = task_queue
         self._cli_flags = cli_flags
         self._progress = progress
         self.metas: dict[str, dict[str, Any]] = {}
+        self._delivering: dict[str, asyncio.Future[None]] = {}
 
     async def run(self, client: Client, call: Call) -> Reply:
         try:
             ident = identity(self.server, call)
         except exactcall.InvalidCall as err:
             return Reply(tool_error(f"{err.message} Nothing was sent.", "denied"), "denied")
+        mode = "key" if ident.keyed else ("window" if call.window else "retry")
         inp = CallInput(
             server=self.server,
             tool=call.tool,
@@ -159,10 +182,16 @@ class Caller:
             extra=call.extra,
             args_hash=ident.args_hash,
             step=ident.step(call.tool),
-            window_seconds=None if ident.keyed else self.window,
-            caller=uuid.uuid4().hex,
+            window_seconds=call.window.total_seconds() if call.window else None,
+            caller=call.caller,
+            mode=mode,
+            hold_seconds=self.retry_window if mode == "retry" else None,
         )
         wid = ident.workflow_id
+        delivering = self._delivering.get(wid)
+        if delivering is not None:  # this proxy's answer to an identical call: it ends that run
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(delivering), 5)
         self._keep_meta(wid, call.meta)
         try:
             outcome = await self._outcome(client, call, inp, wid, ident.reuse)
@@ -170,7 +199,51 @@ class Caller:
             text = f"refused: {err.message}"
             ids = {"workflow_id": wid, "step": inp.step, "args_hash": inp.args_hash}
             return Reply(tool_error(text, "denied", **ids), "denied", **ids)
-        return self._render(call, outcome)
+        reply = self._render(call, outcome)
+        if mode == "retry" and outcome.kind in FINAL and not outcome.released:
+            return dataclasses.replace(reply, deliver=call.caller)
+        return reply
+
+    def delivering(
+        self, get_client: Callable[[], Awaitable[Client]], workflow_id: str, caller: str
+    ) -> Callable[[bool], None]:
+        """Called as a final answer is queued for the client; returns ``written(ok)``, to be
+        called (from any thread) once it was written. A written answer is signalled to the
+        call's workflow (``exactcall.mcp.delivered``), which then ends, so the next identical
+        call is a new call; an identical call from this proxy waits for that first."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        self._delivering[workflow_id] = done
+
+        def finish(_: Any = None) -> None:
+            if not done.done():
+                done.set_result(None)
+            if self._delivering.get(workflow_id) is done:
+                del self._delivering[workflow_id]
+
+        async def signal() -> None:
+            with contextlib.suppress(Exception):  # the run ended meanwhile: nothing to tell
+                client = await get_client()
+                await client.get_workflow_handle(workflow_id).signal(DELIVERED_SIGNAL, caller)
+
+        def after(ok: bool) -> None:
+            if ok:
+                asyncio.ensure_future(signal()).add_done_callback(finish)
+            else:  # it reached no client: the run keeps the outcome for a retry
+                finish()
+
+        def written(ok: bool) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed
+                loop.call_soon_threadsafe(after, ok)
+
+        return written
+
+    async def withdraw(self, client: Client, call: Call) -> None:
+        """The client cancelled ``call``: once no other caller waits, its workflow cancels it."""
+        if call.workflow_id is None:
+            return
+        with contextlib.suppress(Exception):
+            await client.get_workflow_handle(call.workflow_id).signal(WITHDRAW_SIGNAL, call.caller)
 
     def _keep_meta(self, wid: str, meta: dict[str, Any]) -> None:
         forwarded = {k: v for k, v in meta.items() if k not in ("progressToken", CLIENT_KEY_META)}
@@ -193,7 +266,8 @@ class Caller:
         self, client: Client, call: Call, inp: CallInput, wid: str, reuse: WorkflowIDReusePolicy
     ) -> Outcome:
         first = Wait(caller=inp.caller, args_hash=inp.args_hash, timeout_seconds=WAIT_SLICE)
-        for attempt in range(3):
+        ended = 0  # the run ended as the update arrived (or an error): start anew
+        for attempt in range(NEW_RUN_TRIES):
             try:
                 handle = await client.start_update_with_start_workflow(
                     WAIT_UPDATE,
@@ -202,6 +276,9 @@ class Caller:
                     wait_for_stage=WorkflowUpdateStage.ACCEPTED,
                     result_type=Outcome,
                 )
+                call.workflow_id = wid
+                if call.cancelled:  # cancelled while the update was on its way
+                    await self.withdraw(client, call)
                 return await self._wait(client, call, inp, wid, await handle.result())
             except WorkflowAlreadyStartedError:  # a client key's finished call
                 return await self._recorded(client, inp, wid)
@@ -209,9 +286,13 @@ class Caller:
                 cause = getattr(err, "cause", None)
                 if isinstance(cause, ApplicationError) and cause.type == IntentConflict.code:
                     raise cause from None  # the identity belongs to other arguments
-                if attempt == 2:  # else the run ended as the update arrived: start anew
+                if isinstance(cause, ApplicationError) and cause.type == "Delivered":
+                    await asyncio.sleep(min(0.005 * (attempt + 1), 0.1))  # that run is ending
+                    continue
+                ended += 1
+                if ended == 3:
                     raise
-        raise AssertionError("unreachable")
+        raise RuntimeError(f"{wid}: the previous identical call's run did not end")
 
     async def _recorded(self, client: Client, inp: CallInput, wid: str) -> Outcome:
         outcome: Outcome = await client.get_workflow_handle(wid, result_type=Outcome).result()
@@ -220,7 +301,7 @@ class Caller:
                 f"the client key was already used for another call (args hash "
                 f"{outcome.args_hash}); this call has {inp.args_hash}. Nothing was executed."
             )
-        return outcome.model_copy(update={"deduplicated": True})
+        return outcome.model_copy(update={"deduplicated": True, "repeat": "key"})
 
     async def _wait(
         self, client: Client, call: Call, inp: CallInput, wid: str, outcome: Outcome
@@ -272,6 +353,35 @@ class Caller:
             return False
         return st.phase in ("probing", "re-running", "settled")
 
+    def _repeat_note(self, call: Call, o: Outcome) -> str:
+        """What a model reads when it is answered without anything being executed."""
+        what, when = f"{self.server}.{call.tool}", _clock(o.at)
+        again = "nothing was sent to the server again"
+        if o.repeat == "running":
+            return (
+                f"exactcall proxy: an identical {what} call was already in progress; this is "
+                f"its outcome (recorded {when}). It ran once; {again}."
+            )
+        if o.repeat == "window":
+            window = _duration(o.window_seconds or 0)
+            return (
+                f"exactcall proxy: {what} already ran with these exact arguments at {when}, and "
+                f"identical calls within {window} of it run once (--dedupe-window), so {again}. "
+                "To run it again on purpose, send it after the window, or with a new _meta "
+                f"{CLIENT_KEY_META}."
+            )
+        if o.repeat == "key":
+            return (
+                f"exactcall proxy: the call with this {CLIENT_KEY_META} already ran ({what}, "
+                f"recorded {when}); this is its outcome and {again}. Send a new key to run it "
+                "again."
+            )
+        return (
+            f"exactcall proxy: an identical {what} call ran at {when}, and its answer never "
+            f"reached a client (the request was cancelled or the connection dropped); this is "
+            f"that answer, and {again}. Sending the same call again now runs it again."
+        )
+
     def _approve_text(self, o: Outcome) -> str:
         return (
             f"waiting for a person to approve these exact arguments (args hash {o.args_hash}): "
@@ -285,6 +395,9 @@ class Caller:
             result = {"resultType": "complete", **o.result}  # required on 2026-07-28
             if o.deduplicated:
                 result["_meta"] = {**(result.get("_meta") or {}), DEDUPLICATED_META: True}
+                note = {"type": "text", "text": self._repeat_note(call, o)}
+                content = result.get("content")
+                result["content"] = [note, *(content if isinstance(content, list) else [])]
             outcome = (
                 "deduplicated"
                 if o.deduplicated
@@ -310,10 +423,31 @@ class Caller:
             )
             return Reply(tool_error(text, "unknown", **ids), "unknown", **ids)
         kind = "denied" if o.kind == "denied" else "failed"
-        dedupe = " (the recorded outcome of an identical call)" if o.deduplicated else ""
-        text = f"{self.server}.{call.tool} {o.kind}{dedupe}: {o.message}"
+        text = f"{self.server}.{call.tool} {o.kind}: {o.message}"
+        if o.deduplicated:
+            text = f"{self._repeat_note(call, o)}\n{text}"
         audited = "deduplicated" if o.deduplicated and kind != "denied" else kind
         return Reply(tool_error(text, kind, **ids), audited, **ids)
+
+
+def _clock(at: str | None) -> str:
+    """``2026-12-02T19:03:04+00:00`` -> ``19:03:04 UTC`` (the day too when it is not today)."""
+    if at is None:
+        return "earlier"
+    try:
+        t = datetime.fromisoformat(at)
+    except ValueError:
+        return at
+    today = datetime.now(t.tzinfo).date() == t.date()
+    return t.strftime("%H:%M:%S UTC" if today else "%Y-%m-%d %H:%M:%S UTC")
+
+
+def _duration(seconds: float) -> str:
+    if seconds % 3600 == 0:
+        return f"{int(seconds // 3600)}h"
+    if seconds % 60 == 0:
+        return f"{int(seconds // 60)}m"
+    return f"{seconds:g}s"
 
 
 def tool_error(

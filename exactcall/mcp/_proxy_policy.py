@@ -1,75 +1,98 @@
-"""Which tools the proxy takes over (writes) and which pass through (reads); the audit file.
+"""Which tools the proxy passes through (reads), guards as writes, or holds for approval;
+the audit file.
 
-The order of the rules, first match wins:
+:meth:`Policy.decide` answers per tool name, first match wins:
 
-1. ``--no-dedupe TOOL``: passes through, whatever else is known;
-2. ``--dedupe TOOL`` or ``--approve TOOL``: a write;
-3. ``--read-only TOOL``: passes through;
-4. with ``--trusted``, the server's ``readOnlyHint: true`` (from ``tools/list``): passes
-   through. Without it the hint decides nothing (the MCP spec: hints from untrusted servers
-   must not drive decisions);
-5. the name heuristic: a name whose first word is a read verb (``get``, ``list``, ``read``,
-   ``search``, ``describe``, ``show``, ``find``, ``lookup``, ``view``, ``count``; words split
-   at ``_ - . /`` and camelCase) passes through;
-6. everything else is a write.
+1. ``--read-only TOOL`` (and the deprecated ``--no-dedupe TOOL``): ``pass``, whatever else is
+   known;
+2. ``--approve TOOL``: ``approve`` (guarded as a write, and waits for ``exactcall approve``);
+3. ``--write TOOL`` (and the deprecated ``--dedupe TOOL``) or ``--dedupe-window TOOL=D``:
+   ``guard``;
+4. with ``--trusted``, the server's ``readOnlyHint: true`` (from ``tools/list``): ``pass``.
+   Without it the hint decides nothing (the MCP spec: hints from untrusted servers must not
+   drive decisions);
+5. the name, by the one classifier the scan uses too (:mod:`exactcall.mcp._classify`): a name
+   whose first word is a read verb (``get``, ``list``, ``search``, ``read``, ``open``,
+   ``fetch``, ``echo``, ...) and that has no sign of a write (``get_and_delete``,
+   ``open_ticket`` are writes): ``pass``;
+6. everything else: ``guard``.
+
+A tool given both as a read and as a write (or approval, or a window) is a usage error
+(:func:`usage_errors`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 
-__all__ = ["READ_VERBS", "Audit", "Policy", "first_word", "usage_errors"]
+from ._classify import READ_VERBS, first_word, read_for_proxy
+
+__all__ = ["READ_VERBS", "Audit", "Decision", "Policy", "first_word", "usage_errors"]
 
 log = structlog.get_logger("exactcall")
 
-READ_VERBS = frozenset(
-    {"get", "list", "read", "search", "describe", "show", "find", "lookup", "view", "count"}
-)
-_WORDS = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
-
-
-def first_word(name: str) -> str:
-    """``get_user`` / ``getUser`` / ``get-user`` / ``files.get`` -> ``get`` / ``files``."""
-    words = _WORDS.findall(name)
-    return words[0].lower() if words else ""
+Action = Literal["pass", "guard", "approve"]
 
 
 def usage_errors(
     read_only: Iterable[str],
-    dedupe: Iterable[str],
-    no_dedupe: Iterable[str],
+    write: Iterable[str],
     approve: Iterable[str],
+    dedupe_windows: Mapping[str, timedelta] | Iterable[str],
 ) -> list[str]:
-    """Flags that contradict each other for one tool."""
-    reads = set(read_only) | set(no_dedupe)
-    writes = set(dedupe) | set(approve)
+    """Flags that contradict each other for one tool: a read that is also a write, needs
+    approval or has a dedupe window."""
+    reads = set(read_only)
+    given = {
+        "--write": set(write),
+        "--approve": set(approve),
+        "--dedupe-window": set(dedupe_windows),
+    }
     errors = []
-    for tool in sorted(reads & writes):
+    for tool in sorted(reads & set().union(*given.values())):
+        flags = "/".join(flag for flag, tools in given.items() if tool in tools)
         errors.append(
-            f"tool {tool!r} is given both as a read (--read-only/--no-dedupe) and as a write "
-            "(--dedupe/--approve): keep one"
+            f"tool {tool!r} is given both as a read (--read-only) and as a write ({flags}): "
+            "keep one"
         )
     return errors
 
 
+@dataclass(frozen=True)
+class Decision:
+    """What the proxy does with one tool's calls, and why (readable, for logs and the scan)."""
+
+    action: Action
+    """``pass``: passes through; ``guard``: a write, run once on Temporal; ``approve``: guarded
+    and waits for a person's approval of its exact arguments."""
+    reason: str
+    """``--read-only``, ``the name starts with 'get'``, ``not known to be read-only``, ..."""
+    window: timedelta | None = None
+    """The tool's ``--dedupe-window``, if any."""
+
+
 @dataclass
 class Policy:
-    """Decides, per tool name, whether a ``tools/call`` is a write the proxy takes over."""
+    """Decides, per tool name, what the proxy does with a ``tools/call`` (see the module doc)."""
 
     read_only: frozenset[str] = frozenset()
-    dedupe: frozenset[str] = frozenset()
-    no_dedupe: frozenset[str] = frozenset()
+    """``--read-only TOOL`` (and the deprecated ``--no-dedupe TOOL``)."""
+    write: frozenset[str] = frozenset()
+    """``--write TOOL`` (and the deprecated ``--dedupe TOOL``)."""
     approve: frozenset[str] = frozenset()
+    """``--approve TOOL``."""
+    dedupe_windows: Mapping[str, timedelta] = field(default_factory=dict)
+    """``--dedupe-window TOOL=D``: identical calls within D run once (the tool is a write)."""
     trusted: bool = False
+    """``--trusted``: the server's ``readOnlyHint`` decides."""
     annotations: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Tool name -> its ``annotations`` object, as last seen in a ``tools/list`` result."""
 
@@ -85,28 +108,38 @@ class Policy:
         """Whether the tool's annotations would matter but are not known yet."""
         return self.trusted and tool not in self.annotations and self._flagged(tool) is None
 
-    def is_write(self, tool: str) -> tuple[bool, str]:
-        """(whether the proxy takes the call over, why)."""
+    def decide(self, tool: str) -> Decision:
+        """What the proxy does with a call of ``tool``."""
         flagged = self._flagged(tool)
         if flagged is not None:
             return flagged
-        if self.trusted and self.annotations.get(tool, {}).get("readOnlyHint") is True:
-            return False, "readOnlyHint=true on a trusted server"
-        verb = first_word(tool)
-        if verb in READ_VERBS:
-            return False, f"the name starts with {verb!r}"
-        return True, "not known to be read-only"
+        read, why = read_for_proxy(tool, self.annotations.get(tool), self.trusted)
+        return Decision("pass" if read else "guard", why)
 
-    def _flagged(self, tool: str) -> tuple[bool, str] | None:
-        if tool in self.no_dedupe:
-            return False, "--no-dedupe"
-        if tool in self.approve:
-            return True, "--approve"
-        if tool in self.dedupe:
-            return True, "--dedupe"
+    def is_write(self, tool: str) -> tuple[bool, str]:
+        """(whether the proxy takes the call over, why)."""
+        d = self.decide(tool)
+        return d.action != "pass", d.reason
+
+    def _flagged(self, tool: str) -> Decision | None:
+        window = self.dedupe_windows.get(tool)
         if tool in self.read_only:
-            return False, "--read-only"
+            return Decision("pass", "--read-only")
+        if tool in self.approve:
+            return Decision("approve", "--approve", window)
+        if tool in self.write:
+            return Decision("guard", "--write", window)
+        if window is not None:
+            return Decision("guard", f"--dedupe-window {_duration(window)}", window)
         return None
+
+
+def _duration(d: timedelta) -> str:
+    s = d.total_seconds()
+    for unit, size in (("h", 3600), ("m", 60), ("s", 1)):
+        if s >= size and s % size == 0:
+            return f"{int(s // size)}{unit}"
+    return f"{s:g}s"
 
 
 class Audit:

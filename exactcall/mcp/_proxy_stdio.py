@@ -31,6 +31,7 @@ __all__ = [
     "ID_PREFIX",
     "ClientStdio",
     "Upstream",
+    "UpstreamCancelled",
     "UpstreamError",
     "UpstreamGone",
     "claim_stdio",
@@ -43,6 +44,11 @@ LINE_LIMIT = 64 * 1024 * 1024  # one JSON-RPC message per line; results can be l
 
 class UpstreamGone(ConnectionError):
     """The upstream server's stdout closed (it exited or crashed)."""
+
+
+class UpstreamCancelled(Exception):
+    """One of the proxy's requests was cancelled after it was sent, and the server did not
+    answer within the grace: whether it ran is unknown."""
 
 
 class UpstreamError(Exception):
@@ -88,25 +94,34 @@ class ClientStdio:
     def __init__(self, in_fd: int, out_fd: int) -> None:
         self._in = os.fdopen(in_fd, "rb")
         self._out_fd = out_fd
-        self._outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._outbox: queue.SimpleQueue[tuple[bytes, Callable[[bool], None] | None] | None] = (
+            queue.SimpleQueue()
+        )
         self._writer = threading.Thread(target=self._write_loop, name="mcp-proxy-out", daemon=True)
         self._writer.start()
 
-    def send_line(self, line: bytes) -> None:
-        """Queue raw bytes for the client (a line as it came, newline included)."""
-        self._outbox.put(line)
+    def send_line(self, line: bytes, written: Callable[[bool], None] | None = None) -> None:
+        """Queue raw bytes for the client (a line as it came, newline included).
+        ``written(ok)`` is called from the writer thread once the line was written to the
+        client's pipe (True), or could not be (False: the client went away)."""
+        self._outbox.put((line, written))
 
-    def send(self, message: dict[str, Any]) -> None:
-        self.send_line(encode(message))
+    def send(self, message: dict[str, Any], written: Callable[[bool], None] | None = None) -> None:
+        self.send_line(encode(message), written)
 
     def _write_loop(self) -> None:
-        while (data := self._outbox.get()) is not None:
+        broken = False
+        while (item := self._outbox.get()) is not None:
+            data, written = item
             view = memoryview(data)
             try:
-                while view:
+                while view and not broken:
                     view = view[os.write(self._out_fd, view) :]
             except OSError:  # the client went away: nothing more can reach it
-                return
+                broken = True
+            if written is not None:
+                with contextlib.suppress(Exception):
+                    written(not broken)
 
     def close(self, timeout: float = 2.0) -> None:
         """Flush what is queued (bounded), then stop the writer."""
@@ -142,6 +157,10 @@ class Upstream:
         self.command = list(command)
         self.proc: asyncio.subprocess.Process | None = None
         self.envelope: dict[str, Any] = {}
+        self.negotiated: str | None = None
+        """The protocol version the server answered ``initialize`` with (a session before
+        2026-07-28), or None (the per-request envelope's era, or not known yet)."""
+        self._initialize_ids: set[Any] = set()
         self.ready = asyncio.Event()
         self.gone = asyncio.Event()
         self._ids = itertools.count(1)
@@ -171,9 +190,11 @@ class Upstream:
 
     def note_client_message(self, msg: dict[str, Any]) -> None:
         """Learn the session's era and envelope from a message the client sent."""
+        if msg.get("method") == "initialize" and "id" in msg:
+            self._initialize_ids.add(json.dumps(msg["id"]))
         params = msg.get("params")
         meta = params.get("_meta") if isinstance(params, dict) else None
-        if isinstance(meta, dict):
+        if isinstance(meta, dict) and self.negotiated is None:
             envelope = {k: v for k, v in meta.items() if k.startswith(ENVELOPE_PREFIX)}
             if envelope:
                 self.envelope = envelope
@@ -181,9 +202,32 @@ class Upstream:
         if msg.get("method") == "notifications/initialized":
             self.ready.set()
 
-    async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    def note_server_message(self, msg: dict[str, Any]) -> None:
+        """Learn the negotiated version from the server's answer to the client's
+        ``initialize``: such a session has no per-request envelope, so one left by the client's
+        earlier probe (a failed ``server/discover``) is dropped, never stamped on calls."""
+        if "method" in msg or "id" not in msg:
+            return
+        rid = json.dumps(msg["id"])
+        if rid not in self._initialize_ids:
+            return
+        self._initialize_ids.discard(rid)
+        result = msg.get("result")
+        version = result.get("protocolVersion") if isinstance(result, dict) else None
+        if isinstance(version, str):
+            self.negotiated = version
+            self.envelope = {}
+
+    async def request(
+        self, method: str, params: dict[str, Any], *, cancel_grace: float | None = None
+    ) -> dict[str, Any]:
         """Send a request of the proxy's own and wait for its result (UpstreamError,
-        UpstreamGone)."""
+        UpstreamGone).
+
+        With ``cancel_grace``, a cancellation of the caller once the request was sent is told
+        to the server as MCP says (``notifications/cancelled`` with this request's id), and the
+        answer is still awaited for up to that many seconds: the result if one comes (the
+        call ran), else UpstreamCancelled (whether it ran is unknown)."""
         if self.gone.is_set():
             raise UpstreamGone("the upstream MCP server has exited")
         rid = f"{self._prefix}{next(self._ids)}"
@@ -193,7 +237,12 @@ class Upstream:
             await self.send_line(
                 encode({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
             )
-            response = await fut
+            try:
+                response = await (fut if cancel_grace is None else asyncio.shield(fut))
+            except asyncio.CancelledError:
+                if cancel_grace is None:
+                    raise
+                response = await self._after_cancel(rid, fut, cancel_grace)
         finally:
             self._pending.pop(rid, None)
         if "error" in response:
@@ -201,6 +250,24 @@ class Upstream:
             raise UpstreamError(err if isinstance(err, dict) else {"message": str(err)})
         result = response.get("result")
         return result if isinstance(result, dict) else {"value": result}
+
+    async def _after_cancel(
+        self, rid: str, fut: asyncio.Future[dict[str, Any]], grace: float
+    ) -> dict[str, Any]:
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()  # the cancellation is handled here: the answer decides
+        note = {"requestId": rid, "reason": "the client cancelled the request"}
+        await self.send_line(
+            encode({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": note})
+        )
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), grace)
+        except TimeoutError:
+            raise UpstreamCancelled(
+                f"cancelled after it was sent; the server did not answer within {grace:g}s, "
+                "so whether it ran is unknown"
+            ) from None
 
     def with_envelope(self, params: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
         """``params`` with ``_meta`` = the session envelope, then ``meta``."""

@@ -3,14 +3,28 @@
 The workflow id is the call's identity (server + tool + canonical arguments, or the
 client's key); concurrent and repeated copies attach to it (update-with-start, conflict
 policy USE_EXISTING) and each waits on the ``exactcall.mcp.wait`` update for the outcome.
+What an identical call gets depends on the run's ``mode`` (``CallInput.mode``):
 
-* Without a client key the workflow stays open for ``window`` after the call settled, so
-  every identical call in that time gets the recorded outcome; after it, the workflow has
-  ended and the next identical call starts a new run, whose step (``tool@<start ms>``), and
-  so whose derived key, is new. The window is measured from when the outcome was recorded.
-* With a client key there is no window: the workflow ends when the call settles, and later
-  copies read its result (a call that definitely did not happen fails the workflow instead,
-  so the key is released and a retry runs it again).
+* ``retry`` (the default): an identical call gets this call's outcome only while it is a
+  retry: while the call runs, or while its final answer has reached no client (the request
+  was cancelled, the client or the proxy went away), for up to ``hold_seconds``. A proxy that
+  wrote the final answer to its client signals ``exactcall.mcp.delivered`` and the run ends,
+  so the next identical call is a new call (a new run, a new step ``tool@<start ms>``, a new
+  derived key) and runs.
+* ``window`` (``--dedupe-window TOOL=10m``): the run stays open for ``window_seconds`` after
+  the outcome, delivered or not, so every identical call in that time gets it.
+* ``key`` (the client sent ``_meta`` ``io.exactcall/idempotency-key``): no window: the
+  workflow ends when the call settles, and later copies read its result (a call that
+  definitely did not happen fails the workflow instead, so the key is released and a retry
+  runs it again).
+
+A client that cancels its request signals ``exactcall.mcp.withdraw``; once every caller that
+attached has withdrawn, the call is cancelled (exactcall's cancellation: nothing sent yet ->
+released; sent -> the proxy forwards the cancel to the server and the outcome is what the
+server answered, or unknown).
+
+Runs started by an older proxy (no ``mode`` in their input) run as they always did: the
+window for every call (``_run_v1``; tests/histories/mcp/proxy_call_window.json).
 
 An unknown outcome (the proxy or the server died during the call) is reported at once and
 the workflow waits for the reconciliation's verdict (``exactcall resolve``); a call that needs
@@ -21,6 +35,7 @@ Pure and deterministic: imported by workflows and by the proxy.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from datetime import timedelta
@@ -43,16 +58,20 @@ from exactcall._errors import (
 from exactcall._verdicts import CallAbandoned, Settled
 from exactcall._wire import MCP_PROXY_APPROVED_WORKFLOW as APPROVED_WORKFLOW
 from exactcall._wire import MCP_PROXY_AWAIT_SETTLED as AWAIT_SETTLED
+from exactcall._wire import MCP_PROXY_DELIVERED_SIGNAL as DELIVERED_SIGNAL
 from exactcall._wire import MCP_PROXY_TOOL as PROXY_TOOL
 from exactcall._wire import MCP_PROXY_WAIT_UPDATE as WAIT_UPDATE
+from exactcall._wire import MCP_PROXY_WITHDRAW_SIGNAL as WITHDRAW_SIGNAL
 from exactcall._wire import MCP_PROXY_WORKFLOW as WORKFLOW
 from exactcall.workflows._state import state
 
 __all__ = [
     "APPROVED_WORKFLOW",
     "AWAIT_SETTLED",
+    "DELIVERED_SIGNAL",
     "PROXY_TOOL",
     "WAIT_UPDATE",
+    "WITHDRAW_SIGNAL",
     "WORKFLOW",
     "ApprovedProxyCall",
     "CallInput",
@@ -65,7 +84,9 @@ __all__ = [
 
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
-Kind = Literal["done", "failed", "unknown", "denied", "abandoned", "pending"]
+Kind = Literal["done", "failed", "unknown", "denied", "abandoned", "pending", "cancelled"]
+Mode = Literal["retry", "window", "key"]
+Repeat = Literal["running", "undelivered", "window", "key"]
 
 
 class CallInput(BaseModel):
@@ -81,9 +102,14 @@ class CallInput(BaseModel):
     args_hash: str
     step: str
     window_seconds: float | None
-    """None: the identity is a client key (no window)."""
+    """Mode ``window``: how long identical calls get the outcome. In inputs of older proxies
+    (no ``mode``): every call's window, None for a client key."""
     caller: str
     """The request that started the workflow; other callers get ``deduplicated``."""
+    mode: Mode | None = None
+    """What an identical call gets (see the module); None: an older proxy's input."""
+    hold_seconds: float | None = None
+    """Mode ``retry``: how long an outcome no client received waits for a retry."""
 
 
 class Wait(BaseModel):
@@ -112,6 +138,12 @@ class Outcome(BaseModel):
     result: dict[str, Any] | None = None
     message: str | None = None
     deduplicated: bool = False
+    repeat: Repeat | None = None
+    """Why a deduplicated caller got this outcome: it attached while the call ran, the
+    answer had reached no client, the tool's dedupe window, or the client's key."""
+    at: str | None = None
+    """When the outcome was recorded (ISO 8601, UTC)."""
+    window_seconds: float | None = None
     awaiting_approval: bool = False
     released: bool = False
     """It definitely did not happen: the identity is free again."""
@@ -165,21 +197,57 @@ class ProxyCall:
     def __init__(self, inp: CallInput) -> None:
         self._inp = inp
         self._outcome: Outcome | None = None
+        self._callers: set[str] = {inp.caller}
+        self._while_running: set[str] = set()
+        self._withdrawn: set[str] = set()
+        self._delivered = False
+        self._closing = False
+        self._task: asyncio.Task[Outcome] | None = None
 
     @workflow.run
     async def run(self, inp: CallInput) -> Outcome:
+        if inp.mode is None:
+            return await self._run_v1(inp)
+        self._task = asyncio.ensure_future(self._call(inp))
+        if self._withdrawn >= self._callers:  # withdrawn before the run began
+            self._task.cancel()
+        outcome = await self._task
+        self._outcome = outcome
+        if not outcome.released:
+            if inp.mode == "window" and inp.window_seconds:
+                await workflow.sleep(timedelta(seconds=inp.window_seconds), summary="dedupe window")
+            elif inp.mode == "retry" and inp.hold_seconds:
+                with contextlib.suppress(TimeoutError):
+                    await workflow.wait_condition(
+                        lambda: self._delivered,
+                        timeout=timedelta(seconds=inp.hold_seconds),
+                        timeout_summary="kept for a retry",
+                    )
+        self._closing = True
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        if outcome.released and inp.mode == "key":
+            # fail the run so the client's key may be used again (reuse: failed runs only)
+            raise ApplicationError(outcome.message or "not executed", type="NotExecuted")
+        return outcome
+
+    async def _run_v1(self, inp: CallInput) -> Outcome:
+        """Runs started by an older proxy: every call's window, as they were recorded."""
         outcome = await self._call(inp)
         self._outcome = outcome
         if inp.window_seconds and not outcome.released:
             await workflow.sleep(timedelta(seconds=inp.window_seconds), summary="dedupe window")
         await workflow.wait_condition(workflow.all_handlers_finished)
         if outcome.released and inp.window_seconds is None:
-            # fail the run so the client's key may be used again (reuse: failed runs only)
             raise ApplicationError(outcome.message or "not executed", type="NotExecuted")
         return outcome
 
     @workflow.update(name=WAIT_UPDATE)
     async def wait(self, w: Wait) -> Outcome:
+        if w.caller not in self._callers:
+            self._callers.add(w.caller)
+            if self._outcome is None:
+                self._while_running.add(w.caller)
+
         def answered() -> bool:
             o = self._outcome
             if o is not None:
@@ -189,7 +257,15 @@ class ProxyCall:
         with contextlib.suppress(TimeoutError):
             await workflow.wait_condition(answered, timeout=timedelta(seconds=w.timeout_seconds))
         current = self._outcome or self._make("pending", awaiting_approval=_awaiting_approval())
-        return current.model_copy(update={"deduplicated": w.caller != self._inp.caller})
+        if w.caller == self._inp.caller:
+            return current.model_copy(update={"deduplicated": False})
+        return current.model_copy(update={"deduplicated": True, "repeat": self._repeat(w.caller)})
+
+    def _repeat(self, caller: str) -> Repeat:
+        if caller in self._while_running:
+            return "running"
+        mode = self._inp.mode or ("key" if self._inp.window_seconds is None else "window")
+        return "undelivered" if mode == "retry" else mode
 
     @wait.validator
     def _same_call(self, w: Wait) -> None:
@@ -200,6 +276,25 @@ class ProxyCall:
                 recorded_hash=self._inp.args_hash,
                 args_hash=w.args_hash,
             )
+        over = self._delivered or self._closing  # this run is over: the call is a new one
+        if self._inp.mode is not None and w.caller not in self._callers and over:
+            raise ApplicationError("this call's answer was delivered", type="Delivered")
+
+    @workflow.signal(name=DELIVERED_SIGNAL)
+    def delivered(self, caller: str) -> None:
+        """A proxy wrote this call's final answer to its client."""
+        if self._outcome is not None and self._outcome.kind not in ("pending", "unknown"):
+            self._delivered = True
+
+    @workflow.signal(name=WITHDRAW_SIGNAL)
+    def withdraw(self, caller: str) -> None:
+        """A client cancelled its request; the call is cancelled once no caller waits."""
+        self._withdrawn.add(caller)
+        task = self._task
+        if task is None or task.done() or self._outcome is not None:
+            return
+        if self._withdrawn >= self._callers:
+            task.cancel()
 
     async def _call(self, inp: CallInput) -> Outcome:
         kwargs = {
@@ -212,6 +307,10 @@ class ProxyCall:
             result = await exactcall.call_with(
                 PROXY_TOOL, kwargs=kwargs, key=inp.step, on_unknown="raise"
             )
+        except asyncio.CancelledError:
+            if inp.mode is None:
+                raise
+            return await self._after_cancel()
         except AmbiguousOutcome as err:
             return await self._reconciled(err)
         except (exactcall.ApprovalDenied, exactcall.ApprovalExpired) as err:
@@ -222,9 +321,29 @@ class ProxyCall:
             return self._make("failed", message=err.message, released=True)
         except ExactcallError as err:
             return self._make("failed", message=f"{err.code}: {err.message}")
+        return self._done(result)
+
+    def _done(self, result: dict[str, Any], **fields: Any) -> Outcome:
         if result.get("resultType") == "input_required":  # not a final answer: hold nothing
-            return self._make("done", result=result, released=True)
-        return self._make("done", result=result)
+            return self._make("done", result=result, released=True, **fields)
+        return self._make("done", result=result, **fields)
+
+    async def _after_cancel(self) -> Outcome:
+        """Every caller withdrew: what the cancelled call did, from its flight's end."""
+        flights = list(state().flights.values())
+        task = flights[0].task if flights else None
+        why = "the request was cancelled"
+        if task is None or task.cancelled():
+            return self._make("cancelled", message=f"{why} before it was sent", released=True)
+        exc = task.exception()
+        if exc is None:
+            return self._done(task.result(), message=f"{why}; it had run")
+        if isinstance(exc, AmbiguousOutcome):
+            return await self._reconciled(exc)
+        if isinstance(exc, ToolFailed | InvalidCall | exactcall.ApprovalDenied):
+            text = exc.message if isinstance(exc, ExactcallError) else str(exc)
+            return self._make("cancelled", message=f"{why}; it did not run ({text})", released=True)
+        return self._make("failed", message=f"{why}: {type(exc).__name__}: {exc}")
 
     async def _reconciled(self, err: AmbiguousOutcome) -> Outcome:
         """Report unknown now; wait for the verdict of ``exactcall resolve`` (or a probe)."""
@@ -245,9 +364,16 @@ class ProxyCall:
             return self._make("done", result=_as_result(settled.result, by), message=by)
         if settled.outcome == "abandoned":
             return self._make("abandoned", message=f"abandoned ({by}): {settled.reason}")
+        if settled.error_type == "Cancelled" and self._inp.mode is not None:
+            return self._make(
+                "cancelled", message=f"cancelled, and it did not run ({by})", released=True
+            )
         return self._make("failed", message=f"re-run failed ({by}): {settled.reason}")
 
     def _make(self, kind: Kind, **fields: Any) -> Outcome:
+        if self._inp.mode is not None:
+            fields.setdefault("at", workflow.now().isoformat(timespec="seconds"))
+            fields.setdefault("window_seconds", self._inp.window_seconds)
         return Outcome(
             kind=kind,
             workflow_id=workflow.info().workflow_id,

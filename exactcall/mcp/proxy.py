@@ -7,12 +7,23 @@ those itself: each one is an exactcall call in a Temporal workflow whose id is t
 identity (:mod:`exactcall.mcp._proxy_calls`), executed by the worker this process runs, which
 sends it to the upstream with the derived key in ``_meta`` ``io.exactcall/idempotency-key``.
 
-So an identical write within ``--window`` runs once (copies get the recorded result with
-``_meta`` ``io.exactcall/deduplicated: true``); concurrent copies run once and all get the
-result; a call whose outcome is unknown (the proxy or the server died during it) is never
-re-sent: it is listed by ``exactcall unresolved`` and settled by ``exactcall resolve``; a tool
-given to ``--approve`` waits for ``exactcall approve`` of its exact arguments. One JSONL audit
-line per call. The proxy's own errors are tool errors for that request, never stray output.
+So a retry of a write never runs it twice: concurrent identical copies run once and all get
+the result, and so does an identical call made after the answer reached no client (the request
+was cancelled, the client, the connection or the proxy went away; for up to
+``--retry-window``). Once an answer was written to a client, an identical call is a new call
+and runs (A, B, A writes three times), except for tools given ``--dedupe-window TOOL=D``,
+whose identical calls within D run once. A call answered without running says so in the text
+the model reads (and ``_meta`` ``io.exactcall/deduplicated: true``). A call whose outcome is
+unknown (the proxy or the server died during it, or it was cancelled after it was sent and the
+server did not answer) is never re-sent: it is listed by ``exactcall unresolved`` and settled
+by ``exactcall resolve``; a tool given to ``--approve`` waits for ``exactcall approve`` of its
+exact arguments. A request the client cancels gets no response (MCP); the cancel reaches the
+server under the id the proxy sent it with. One JSONL audit line per call. The proxy's own
+errors are tool errors for that request, never stray output.
+
+Exit codes: 0 when the client closed the session or the proxy was told to stop (SIGTERM,
+SIGINT); 1 when the upstream server exited on its own with an error; 2 on bad flags or when
+the server command cannot be started.
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ import re
 import signal
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +51,14 @@ from exactcall._worker import Connection
 from . import KEY_META, NOT_EXECUTED_META
 from ._proxy_calls import Call, Caller, Reply, tool_error
 from ._proxy_policy import Audit, Policy, usage_errors
-from ._proxy_stdio import ClientStdio, Upstream, UpstreamError, claim_stdio, parse
+from ._proxy_stdio import (
+    ClientStdio,
+    Upstream,
+    UpstreamCancelled,
+    UpstreamError,
+    claim_stdio,
+    parse,
+)
 from ._proxy_temporal import Temporal
 from ._proxy_workflow import bind_executor, proxy_tool
 
@@ -48,6 +67,10 @@ __all__ = ["derive_name", "run_proxy"]
 log = structlog.get_logger("exactcall")
 READY_TIMEOUT = 30.0
 DRAIN_TIMEOUT = 15.0
+"""On shutdown, how long calls in flight get to finish (and be answered) first."""
+CANCEL_GRACE = 3.0
+"""How long a write cancelled after it was sent waits for the server's answer."""
+RETRY_WINDOW = timedelta(minutes=10)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _LAUNCHERS = {"python", "python3", "node", "npx", "uv", "uvx", "bun", "bunx", "deno", "pipx", "run"}
 
@@ -66,33 +89,54 @@ def derive_name(command: list[str]) -> str:
 
 def run_proxy(ns: argparse.Namespace, connection: Connection) -> Any:
     """Entry point of ``exactcall mcp proxy`` (returns the exit code, or a coroutine of it)."""
-    errors = usage_errors(ns.read_only, ns.dedupe, ns.no_dedupe, ns.approve)
+    read_only = [*ns.read_only, *ns.no_dedupe]
+    write = [*ns.write, *ns.dedupe]
+    windows = dict(ns.dedupe_window)
+    for old, new in (("--no-dedupe", "--read-only"), ("--dedupe", "--write")):
+        if getattr(ns, old.lstrip("-").replace("-", "_")):
+            print(f"exactcall mcp proxy: {old} is deprecated; use {new}", file=sys.stderr)
+    if ns.window is not None:
+        print(
+            "exactcall mcp proxy: --window is deprecated. An identical write now gets an earlier "
+            "call's outcome only when it is a retry (the answer reached no client); --window "
+            "now sets how long that outcome waits for one, as --retry-window does. For tools "
+            "where identical calls should run once, use --dedupe-window TOOL=DURATION.",
+            file=sys.stderr,
+        )
+    retry_window = ns.retry_window or ns.window or RETRY_WINDOW
+    errors = usage_errors(read_only, write, ns.approve, windows)
     name = ns.name or derive_name(ns.server_command)
     if not _NAME.match(name):
         errors.append(f"--name {name!r}: use letters, digits, '_', '-' or '.' (at most 64)")
-    if ns.window.total_seconds() <= 0:
-        errors.append("--window must be positive (e.g. 10m)")
+    if retry_window.total_seconds() <= 0:
+        errors.append("--retry-window must be positive (e.g. 10m)")
     if errors:
         for e in errors:
             print(f"exactcall mcp proxy: {e}", file=sys.stderr)
         return 2
-    return _serve(ns, connection, name)
-
-
-async def _serve(ns: argparse.Namespace, connection: Connection, name: str) -> int:
     policy = Policy(
-        read_only=frozenset(ns.read_only),
-        dedupe=frozenset(ns.dedupe),
-        no_dedupe=frozenset(ns.no_dedupe),
+        read_only=frozenset(read_only),
+        write=frozenset(write),
         approve=frozenset(ns.approve),
+        dedupe_windows=windows,
         trusted=ns.trusted,
     )
+    return _serve(ns, connection, name, policy, retry_window)
+
+
+async def _serve(
+    ns: argparse.Namespace,
+    connection: Connection,
+    name: str,
+    policy: Policy,
+    retry_window: timedelta,
+) -> int:
     try:
         audit = Audit(ns.audit or state_dir() / "mcp" / f"{name}.audit.jsonl")
     except OSError as exc:
         print(f"exactcall mcp proxy: cannot write the audit file: {exc}", file=sys.stderr)
         return 2
-    proxy = Proxy(name, ns.server_command, policy, audit, connection, ns)
+    proxy = Proxy(name, ns.server_command, policy, audit, connection, ns, retry_window)
     return await proxy.run()
 
 
@@ -107,6 +151,7 @@ class Proxy:
         audit: Audit,
         connection: Connection,
         ns: argparse.Namespace,
+        retry_window: timedelta = RETRY_WINDOW,
     ) -> None:
         self.name = name
         self.policy = policy
@@ -115,14 +160,16 @@ class Proxy:
         self.temporal = Temporal(connection, name)
         self.caller = Caller(
             name,
-            ns.window,
+            retry_window,
             ns.approval_wait,
             self.temporal.task_queue,
             cli_flags=lambda: self.temporal.cli_flags,
             progress=self._progress,
         )
         self.stdio: ClientStdio | None = None
-        self._calls: dict[str, asyncio.Task[None]] = {}
+        self._calls: dict[str, tuple[asyncio.Task[None], Call]] = {}
+        self._withdrawals: set[asyncio.Future[None]] = set()
+        self._closing = False
         self._lists: set[str] = set()
         self._passthrough: dict[str, tuple[float, str, str | None]] = {}
         self._listed: asyncio.Task[None] | None = None
@@ -151,15 +198,21 @@ class Proxy:
         return await self._shutdown(pump, reader)
 
     async def _shutdown(self, pump: asyncio.Task[None], reader: asyncio.Task[None]) -> int:
+        """Stop taking calls; let the calls in flight finish and be answered (bounded); the
+        rest get no answer (their outcomes stay on Temporal: done, or unknown if cut off after
+        they were sent, for a later identical call), never a made-up failure."""
         assert self.stdio is not None
-        if pump.done():  # the server exited: answer what is in flight, then go
+        self._closing = True
+        reader.cancel()
+        if pump.done():
             log.warning(
                 "mcp_proxy.upstream_exited",
                 code=self.upstream.proc.returncode if self.upstream.proc else None,
             )
-            if self._calls:
-                await asyncio.wait(set(self._calls.values()), timeout=DRAIN_TIMEOUT)
-        for task in [reader, *self._calls.values()]:
+        if self._calls:
+            await asyncio.wait({t for t, _ in self._calls.values()}, timeout=DRAIN_TIMEOUT)
+        for task, call in list(self._calls.values()):
+            call.cancelled = True  # not answered: a retry gets its outcome
             task.cancel()
         await self.temporal.stop()  # in-flight tool calls finish within its graceful shutdown
         code = await self.upstream.stop()
@@ -194,21 +247,35 @@ class Proxy:
             self._lists.add(_rid(rid))
         elif method == "notifications/cancelled":
             params = msg.get("params") or {}
-            task = (
+            entry = (
                 self._calls.get(_rid(params.get("requestId"))) if isinstance(params, dict) else None
             )
-            if task is not None:
-                task.cancel()
+            if entry is not None:  # the server never saw this request id: not forwarded
+                self._cancel(entry[1])
+                return True
         elif method == "tools/call" and rid is not None:
             call = await self._intercept(msg)
             if call is None:
                 return False
             key = _rid(rid)
             task = asyncio.create_task(self._handle(call))
-            self._calls[key] = task
+            self._calls[key] = (task, call)
             task.add_done_callback(lambda _t: self._calls.pop(key, None))
             return True
         return False
+
+    def _cancel(self, call: Call) -> None:
+        """The client cancelled ``call``: it gets no response; its workflow is told, and
+        cancels the call when no other caller waits for it."""
+        call.cancelled = True
+
+        async def withdraw() -> None:
+            with contextlib.suppress(Exception):
+                await self.caller.withdraw(await self.temporal.client(), call)
+
+        task = asyncio.ensure_future(withdraw())
+        self._withdrawals.add(task)
+        task.add_done_callback(self._withdrawals.discard)
 
     async def _intercept(self, msg: dict[str, Any]) -> Call | None:
         """The write call in ``msg``, or None when it passes through (noted for the audit)."""
@@ -218,8 +285,8 @@ class Proxy:
         tool, arguments = params["name"], params.get("arguments") or {}
         if self.policy.needs_listing(tool):
             await self._learn_tools()
-        write, _ = self.policy.is_write(tool)
-        if not write or not isinstance(arguments, dict):
+        decision = self.policy.decide(tool)
+        if decision.action == "pass" or not isinstance(arguments, dict):
             self._passthrough[_rid(msg["id"])] = (
                 time.monotonic(),
                 tool,
@@ -233,7 +300,8 @@ class Proxy:
             arguments=arguments,
             extra={k: v for k, v in params.items() if k not in ("name", "arguments", "_meta")},
             meta=meta if isinstance(meta, dict) else {},
-            approval=tool in self.policy.approve,
+            approval=decision.action == "approve",
+            window=decision.window,
         )
 
     async def _learn_tools(self) -> None:
@@ -259,6 +327,7 @@ class Proxy:
     def _from_upstream(self, line: bytes, msg: dict[str, Any] | None) -> None:
         assert self.stdio is not None
         if msg is not None and "method" not in msg and "id" in msg:
+            self.upstream.note_server_message(msg)
             rid = _rid(msg["id"])
             if rid in self._lists:
                 self._lists.discard(rid)
@@ -287,16 +356,20 @@ class Proxy:
                 self.name, call.tool, None, "cancelled", (time.monotonic() - t0) * 1000
             )
             raise
-        self.stdio.send(_result(call.request_id, reply.result))
-        self.audit.write(
-            self.name,
-            call.tool,
-            reply.args_hash,
-            reply.outcome,
-            (time.monotonic() - t0) * 1000,
-            workflow_id=reply.workflow_id,
-            step=reply.step,
-        )
+        ms = (time.monotonic() - t0) * 1000
+        ids = {"workflow_id": reply.workflow_id, "step": reply.step}
+        if call.cancelled:  # MCP: a cancelled request gets no response
+            self.audit.write(
+                self.name, call.tool, reply.args_hash, "cancelled", ms, then=reply.outcome, **ids
+            )
+            return
+        written = None
+        # once the client closed its end (or we were told to stop), an answer may be written
+        # into a pipe nobody reads: it is not counted as delivered, so a retry still gets it
+        if reply.deliver is not None and reply.workflow_id is not None and not self._closing:
+            written = self.caller.delivering(self.temporal.client, reply.workflow_id, reply.deliver)
+        self.stdio.send(_result(call.request_id, reply.result), written)
+        self.audit.write(self.name, call.tool, reply.args_hash, reply.outcome, ms, **ids)
 
     async def _reply(self, call: Call) -> Reply:
         try:
@@ -313,9 +386,10 @@ class Proxy:
             log.error("mcp_proxy.call_error", tool=call.tool, error=f"{type(exc).__name__}: {exc}")
             text = (
                 f"exactcall proxy could not get the outcome of {call.tool} ({type(exc).__name__}:"
-                f" {exc}); send the same call again to get it (it does not run twice)"
+                f" {exc}); it may or may not have run. Send the same call again to get its "
+                "outcome: it is not run again while it runs or before its answer reached you."
             )
-            return Reply(tool_error(text, "failed"), "failed")
+            return Reply(tool_error(text, "unknown"), "unknown")
 
     async def _execute(
         self, server: str, tool: str, arguments: dict[str, Any], extra: dict[str, Any], key: str
@@ -329,6 +403,8 @@ class Proxy:
             raise exactcall.NotExecuted(
                 "no MCP client session is open on this proxy yet; nothing was sent"
             ) from None
+        except asyncio.CancelledError:
+            raise exactcall.NotExecuted("cancelled before it was sent") from None
         if self.upstream.gone.is_set():
             raise exactcall.NotExecuted("the upstream MCP server has exited; nothing was sent")
         client_meta = self.caller.metas.get(activity.info().workflow_id, {})
@@ -337,7 +413,9 @@ class Proxy:
         )
         activity.logger.info("mcp_proxy.sending %s", tool)
         try:
-            result = await self.upstream.request("tools/call", params)
+            result = await self.upstream.request("tools/call", params, cancel_grace=CANCEL_GRACE)
+        except UpstreamCancelled as err:
+            raise RuntimeError(str(err)) from None  # outcome unknown
         except UpstreamError as err:
             if isinstance(err.code, int) and -32700 <= err.code <= -32600:
                 raise exactcall.NotExecuted(f"the server refused the request: {err}") from None

@@ -1,20 +1,29 @@
-"""``exactcall mcp scan``: which tools of an MCP client's servers can hurt, before you use them.
+"""``exactcall mcp scan``: which tools of an MCP client's servers can hurt, and what the proxy
+will do with each, before you use them.
 
 Each stdio server of the given MCP client configs (Claude Desktop, Cursor, Claude Code
 ``.mcp.json``: all use ``{"mcpServers": {name: {command, args, env}}}``), or the one command
 after ``--``, is started and sent only ``initialize`` and ``tools/list``; no tool is called.
-Every tool is classed by :func:`classify`:
+The scan declares what a real client declares (roots, sampling, elicitation; it answers any
+such request with an empty list or a polite refusal), so tools a server lists only for capable
+clients are scanned too. A config it cannot use (unreadable, not JSON, no ``mcpServers``) is
+reported and skipped.
 
-* **high**: moves money, deletes, runs code or sends messages (by its name or description),
-  or says ``destructiveHint: true``;
-* **low**: read-only: ``readOnlyHint: true``, or a read-only name (``get_``, ``list_``,
-  ``search_``, ...), with no sign of a write;
-* **medium**: every other tool (a write, or nothing says it is not).
+Every tool gets, from the one classifier the proxy uses too (:mod:`exactcall.mcp._classify`):
 
-Evidence of a write in the name or description wins over a ``readOnlyHint``: the MCP spec
-says hints from untrusted servers must not decide anything, so ``delete_everything`` with
-``readOnlyHint: true`` is high, and ``update_ticket`` with it is medium. The exit code is 1 when
-a tool is at or above ``--fail-on`` (default high), 2 when no server could be scanned, else 0.
+* a **risk** (:func:`exactcall.mcp._classify.risk`): **high** (moves money, deletes, runs code
+  or sends messages, by its name or description, or ``destructiveHint: true``), **low**
+  (``readOnlyHint: true`` or a read-only name such as ``get_``/``list_``/``open_nodes``, with
+  no sign of a write), **medium** (the rest). Evidence of a write in the name wins over a
+  ``readOnlyHint``: ``delete_everything`` with ``readOnlyHint: true`` is high,
+  ``update_ticket`` with it medium;
+* what ``exactcall mcp proxy`` with the same ``--trusted`` / ``--read-only`` / ``--write`` /
+  ``--approve`` flags would do with it (:meth:`exactcall.mcp._proxy_policy.Policy.decide`):
+  ``pass`` (through, a read), ``guard`` (a write, run once) or ``approve`` (and wait for
+  approval), and why. A ``readOnlyHint`` counts there only with ``--trusted``.
+
+The exit code is 1 when a tool is at or above ``--fail-on`` (default high), 2 when nothing
+could be scanned (or the flags contradict each other), else 0.
 """
 
 from __future__ import annotations
@@ -27,13 +36,25 @@ import re
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from mcp import Client, StdioServerParameters
+from mcp.client.session import ClientRequestContext
 from mcp.client.stdio import stdio_client
+from mcp.types import (
+    INVALID_REQUEST,
+    CreateMessageRequestParams,
+    ElicitRequestParams,
+    ElicitResult,
+    ErrorData,
+    ListRootsResult,
+)
 from mcp.types import Tool as WireTool
+
+from ._classify import name_evidence, risk, words
+from ._proxy_policy import Policy, usage_errors
 
 __all__ = [
     "Classification",
@@ -45,131 +66,55 @@ __all__ = [
     "looks_read_only",
     "run_scan",
     "scan_server",
+    "words",
 ]
 
 LEVELS = ("low", "medium", "high")
+ACTIONS = {"pass": "pass through", "guard": "guard as a write", "approve": "need approval"}
 DEFAULT_TIMEOUT = 20.0
-
-# (verbs, nouns, what they mean): a verb anywhere in the name is high risk; a noun is, unless
-# the name starts with a read verb (``send_message`` is high, ``read_message`` is not)
-HIGH_RISK: tuple[tuple[tuple[str, ...], tuple[str, ...], str], ...] = (
-    (
-        ("transfer", "pay", "refund", "charge", "withdraw", "wire", "purchase", "buy"),
-        ("payment", "payout", "money", "funds", "invoice"),
-        "moves money",
-    ),
-    (
-        ("delete", "remove", "destroy", "drop", "purge", "wipe", "erase", "truncate", "rm",
-         "unlink", "revoke"),
-        (),
-        "deletes",
-    ),
-    (
-        ("exec", "execute", "run", "eval", "spawn"),
-        ("shell", "bash", "command", "script", "terminal", "subprocess", "sql", "code"),
-        "runs code",
-    ),
-    (
-        ("send", "post", "publish", "tweet", "notify", "reply", "dm", "broadcast", "email"),
-        ("message", "mail", "sms", "notification"),
-        "sends messages",
-    ),
-)  # fmt: skip
-WRITE_WORDS = (
-    "create", "add", "insert", "update", "set", "write", "edit", "modify", "change", "put",
-    "patch", "upload", "save", "move", "rename", "assign", "close", "open", "merge",
-    "commit", "push", "deploy", "install", "approve", "cancel", "book", "schedule", "invite",
-    "archive", "restore", "enable", "disable", "start", "stop", "restart", "kill", "lock",
-    "append", "submit", "register", "grant", "apply", "replace", "clear", "reset", "mark",
-    "upsert", "increment", "import", "sync",
-)  # fmt: skip
-READ_WORDS = (
-    "get", "list", "read", "search", "find", "fetch", "query", "describe", "show", "view",
-    "lookup", "count", "check", "status", "info", "inspect", "browse", "preview", "whoami",
-)  # fmt: skip
-_DESCRIPTION_HIGH = re.compile(
-    r"\b(send(s|ing)? (money|funds|payments?|e-?mails?|messages?)|transfers? (money|funds)"
-    r"|delet(e|es|ing)|execut(e|es|ing) (code|commands?|scripts?|shell)"
-    r"|shell commands?|arbitrary code|charges? (a|the) (card|customer))\b",
-    re.IGNORECASE,
-)
 
 
 # -- classification ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Classification:
-    """A tool's risk (``low``, ``medium``, ``high``) and the reasons, readable as they are."""
+    """A tool's risk (``low``, ``medium``, ``high``) and the reasons, readable as they are; and
+    what the proxy would do with it (``pass``, ``guard``, ``approve``) and why."""
 
     tool: str
     risk: str
     reasons: tuple[str, ...]
     annotations: dict[str, Any] = field(default_factory=dict)
-
-
-def words(name: str) -> list[str]:
-    """``sendSlackMessage`` / ``send-slack.message`` -> ``["send", "slack", "message"]``."""
-    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)
-    return [w.lower() for w in re.split(r"[^A-Za-z0-9]+", spaced) if w]
+    proxy: str = "guard"
+    proxy_reason: str = "not known to be read-only"
 
 
 def looks_read_only(name: str) -> bool:
-    """The name heuristic: the first word is a read verb and no word is a write word."""
-    ws = words(name)
-    return bool(ws) and ws[0] in READ_WORDS and _write_evidence(ws) is None
+    """The name rule: the first word is a read verb and nothing in the name is a write."""
+    return name_evidence(name).read
 
 
-def _write_evidence(ws: Sequence[str]) -> str | None:
-    for w in ws:
-        if w in WRITE_WORDS or any(w in verbs for verbs, _, _ in HIGH_RISK):
-            return w
-    return None
-
-
-def _high_evidence(name: str, description: str) -> list[str]:
-    ws = words(name)
-    reads = bool(ws) and ws[0] in READ_WORDS
-    found: list[str] = []
-    for verbs, nouns, meaning in HIGH_RISK:
-        hit = next((w for w in ws if w in verbs or (w in nouns and not reads)), None)
-        if hit is not None:
-            found.append(f"name matches {hit!r} ({meaning})")
-    m = _DESCRIPTION_HIGH.search(description or "")
-    if m:
-        found.append(f"description says {m.group(0)!r}")
-    return found
-
-
-def _annotations(t: WireTool) -> dict[str, Any]:
+def _hints(t: WireTool) -> dict[str, Any]:
     if t.annotations is None:
         return {}
     dumped = t.annotations.model_dump(by_alias=True, exclude_none=True)
     return {k: v for k, v in dumped.items() if k.endswith("Hint")}
 
 
-def classify(t: WireTool) -> Classification:
-    """Class one tool from its annotations, name and description (see the module doc)."""
-    hints = _annotations(t)
-    read_hint = hints.get("readOnlyHint") is True
-    high = _high_evidence(t.name, t.description or "")
-    if hints.get("destructiveHint") is True and not read_hint:
-        high.append("destructiveHint=true")
-    if high:
-        if read_hint:
-            high.append("readOnlyHint=true ignored: high-risk evidence wins over a hint")
-        return Classification(t.name, "high", tuple(high), hints)
-    write = _write_evidence(words(t.name))
-    if read_hint:
-        if write is not None:
-            why = f"name matches {write!r} (a write) despite readOnlyHint=true"
-            return Classification(t.name, "medium", (why,), hints)
-        return Classification(t.name, "low", ("readOnlyHint=true",), hints)
-    if write is None and looks_read_only(t.name):
-        why = f"name starts with {words(t.name)[0]!r} (read-only by name; no readOnlyHint)"
-        return Classification(t.name, "low", (why,), hints)
-    reasons = [f"name matches {write!r} (a write)" if write else "not marked readOnlyHint"]
-    if hints.get("idempotentHint") is True:
-        reasons.append("idempotentHint=true")
-    return Classification(t.name, "medium", tuple(reasons), hints)
+def classify(t: WireTool, policy: Policy | None = None) -> Classification:
+    """Class one tool: its risk, and what a proxy with ``policy`` (default: no flags) does.
+
+    The policy sees the tool's annotations as the proxy would, from its ``tools/list`` entry.
+    """
+    if policy is None or t.name not in policy.annotations:
+        policy = replace(policy or Policy(), annotations={})
+        policy.learn({"tools": [_wire(t)]})
+    level, reasons = risk(t.name, t.description or "", t.annotations)
+    decision = policy.decide(t.name)
+    return Classification(t.name, level, reasons, _hints(t), decision.action, decision.reason)
+
+
+def _wire(t: WireTool) -> dict[str, Any]:
+    return t.model_dump(by_alias=True, mode="json", exclude_none=True)
 
 
 # -- configs -----------------------------------------------------------------------------------
@@ -183,6 +128,8 @@ class ServerEntry:
     env: dict[str, str] = field(default_factory=dict)
     cwd: str | None = None
     url: str | None = None
+    error: str | None = None
+    """Why this config (or server entry) cannot be used; it is reported and skipped."""
 
 
 def default_config_paths() -> list[Path]:
@@ -212,6 +159,13 @@ def load_config(path: Path) -> list[ServerEntry]:
 
 
 def _entry(name: str, spec: Any, source: str) -> ServerEntry:
+    try:
+        return _parse_entry(name, spec, source)
+    except ValueError as exc:
+        return ServerEntry(str(name), source, error=str(exc))
+
+
+def _parse_entry(name: str, spec: Any, source: str) -> ServerEntry:
     if not isinstance(spec, dict):
         raise ValueError(f"{source}: server {name!r} is not an object")
     kind = spec.get("type", "stdio")
@@ -247,8 +201,12 @@ class ServerReport:
         return max((c.risk for c in self.tools), key=LEVELS.index, default=None)
 
 
-async def scan_server(entry: ServerEntry, timeout: float = DEFAULT_TIMEOUT) -> ServerReport:
+async def scan_server(
+    entry: ServerEntry, timeout: float = DEFAULT_TIMEOUT, policy: Policy | None = None
+) -> ServerReport:
     """Start one stdio server, ``initialize`` + ``tools/list``, classify; never raises."""
+    if entry.error is not None:
+        return ServerReport(entry, "skipped", entry.error)
     if entry.url is not None:
         return ServerReport(entry, "skipped", f"not scanned: http server {entry.url}")
     params = StdioServerParameters(
@@ -259,12 +217,37 @@ async def scan_server(entry: ServerEntry, timeout: float = DEFAULT_TIMEOUT) -> S
             tools = await asyncio.wait_for(_list_tools(params, errlog), timeout)
         except Exception as exc:
             return ServerReport(entry, "failed", _failure(exc, errlog, timeout))
-    return ServerReport(entry, tools=[classify(t) for t in tools])
+    return ServerReport(entry, tools=[classify(t, policy) for t in tools])
+
+
+# What a real client declares, so servers list the tools they offer only to capable clients.
+# No tool is called during a scan, so none of these should be asked; if one is, the answer
+# gives nothing away: no roots, and a refusal to sample or elicit.
+async def _no_roots(context: ClientRequestContext) -> ListRootsResult:
+    return ListRootsResult(roots=[])
+
+
+async def _no_sampling(
+    context: ClientRequestContext, params: CreateMessageRequestParams
+) -> ErrorData:
+    return ErrorData(code=INVALID_REQUEST, message="exactcall mcp scan does not sample")
+
+
+async def _decline(context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult:
+    return ElicitResult(action="decline")
 
 
 async def _list_tools(params: StdioServerParameters, errlog: Any) -> list[WireTool]:
     found: list[WireTool] = []
-    async with Client(stdio_client(params, errlog=errlog), mode="legacy", cache=None) as c:
+    client = Client(
+        stdio_client(params, errlog=errlog),
+        mode="legacy",
+        cache=None,
+        list_roots_callback=_no_roots,
+        sampling_callback=_no_sampling,
+        elicitation_callback=_decline,
+    )
+    async with client as c:
         cursor: str | None = None
         while True:
             page = await c.list_tools(cursor=cursor)
@@ -293,13 +276,14 @@ def _failure(exc: BaseException, errlog: Any, timeout: float) -> str:
 def run_scan(ns: argparse.Namespace) -> int:
     """``exactcall mcp scan``: print the table (or JSON); the exit code by ``--fail-on``."""
     try:
+        policy = _policy(ns)
         entries = _entries(ns)
     except ValueError as exc:
         print(f"exactcall mcp scan: {exc}", file=sys.stderr)
         return 2
     limit = getattr(ns, "timeout", None)
     timeout = limit.total_seconds() if limit is not None else DEFAULT_TIMEOUT
-    reports = asyncio.run(_scan_all(entries, timeout))
+    reports = asyncio.run(_scan_all(entries, timeout, policy))
     code = exit_code(reports, ns.fail_on)
     if ns.json:
         print(json.dumps(to_json(reports, ns.fail_on, code), indent=2))
@@ -308,8 +292,28 @@ def run_scan(ns: argparse.Namespace) -> int:
     return code
 
 
-async def _scan_all(entries: Sequence[ServerEntry], timeout: float) -> list[ServerReport]:
-    return list(await asyncio.gather(*(scan_server(e, timeout) for e in entries)))
+async def _scan_all(
+    entries: Sequence[ServerEntry], timeout: float, policy: Policy | None = None
+) -> list[ServerReport]:
+    return list(await asyncio.gather(*(scan_server(e, timeout, policy) for e in entries)))
+
+
+def _policy(ns: argparse.Namespace) -> Policy:
+    """The proxy's flags, as given to the scan; contradicting flags are a ValueError."""
+    read_only = list(getattr(ns, "read_only", None) or [])
+    write = list(getattr(ns, "write", None) or [])
+    approve = list(getattr(ns, "approve", None) or [])
+    windows = dict(getattr(ns, "dedupe_window", None) or [])
+    errors = usage_errors(read_only, write, approve, windows)
+    if errors:
+        raise ValueError("; ".join(errors))
+    return Policy(
+        read_only=frozenset(read_only),
+        write=frozenset(write),
+        approve=frozenset(approve),
+        dedupe_windows=windows,
+        trusted=bool(getattr(ns, "trusted", False)),
+    )
 
 
 def _entries(ns: argparse.Namespace) -> list[ServerEntry]:
@@ -327,7 +331,10 @@ def _entries(ns: argparse.Namespace) -> list[ServerEntry]:
     for p in paths:
         if not p.is_file():
             raise ValueError(f"--config {p}: no such file")
-        entries += load_config(p)
+        try:
+            entries += load_config(p)
+        except ValueError as exc:  # reported and skipped: the other configs still count
+            entries.append(ServerEntry(p.name, str(p), error=f"config skipped: {exc}"))
     if not entries:
         raise ValueError(f"no MCP servers in {', '.join(map(str, paths))}")
     return entries
@@ -348,20 +355,37 @@ def render(reports: Sequence[ServerReport], fail_on: str, code: int) -> str:
     lines: list[str] = []
     for r in reports:
         where = r.entry.url or " ".join(r.entry.command)
-        lines.append(f"{r.entry.name}  ({where}; from {r.entry.source})")
+        head = f"{r.entry.name}  ({where}; from {r.entry.source})" if where else r.entry.source
+        lines.append(head)
         if r.status != "scanned":
             lines += [f"  {r.status}: {r.error}", ""]
             continue
         width = max([4, *(len(c.tool) for c in r.tools)])
-        lines.append(f"  {'RISK':<6}  {'TOOL':<{width}}  WHY")
+        lines.append(f"  {'RISK':<6}  {'TOOL':<{width}}  {'PROXY':<16}  WHY")
         for c in sorted(r.tools, key=lambda c: (-LEVELS.index(c.risk), c.tool)):
-            lines.append(f"  {c.risk:<6}  {c.tool:<{width}}  {'; '.join(c.reasons)}")
+            proxy = ACTIONS.get(c.proxy, c.proxy)
+            why = "; ".join([*c.reasons, *_proxy_note(c)])
+            lines.append(f"  {c.risk:<6}  {c.tool:<{width}}  {proxy:<16}  {why}")
         lines.append("")
     counts = {lvl: sum(c.risk == lvl for r in reports for c in r.tools) for lvl in LEVELS}
     failed = sum(r.status != "scanned" for r in reports)
     summary = ", ".join(f"{n} {lvl}" for lvl, n in reversed(counts.items()))
     lines.append(f"{summary}; {failed} server(s) not scanned; --fail-on {fail_on}: exit {code}")
     return "\n".join(lines)
+
+
+def _proxy_note(c: Classification) -> list[str]:
+    """The proxy's reason, unless the risk's reasons already say it (the same name rule)."""
+    r = c.proxy_reason
+    if r.startswith("not read-only: the name has") and any(
+        x.startswith("name matches") for x in c.reasons
+    ):
+        return []
+    if r.startswith("the name starts with") and any(
+        x.startswith("name starts with") for x in c.reasons
+    ):
+        return []
+    return [f"proxy: {r}"]
 
 
 def to_json(reports: Sequence[ServerReport], fail_on: str, code: int) -> dict[str, Any]:

@@ -1,0 +1,203 @@
+"""``exactcall mcp proxy`` tells a retry from a deliberate repeat: a repeat whose earlier answer
+reached the client runs; a retry (the earlier call still running, or its answer never
+delivered: cancelled, disconnected, the proxy stopped) gets the earlier outcome and runs
+nothing, and the model reads so. Counted at the destination (tests/mcp_proxy_servers.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import WorkflowHistory
+from temporalio.worker import Replayer
+
+import exactcall
+from exactcall._cli import main as cli_main
+from exactcall._server import DevServer
+from exactcall.mcp._proxy_workflow import ApprovedProxyCall, ProxyCall
+from tests.mcp_proxy_client import (
+    eventually,
+    fresh,
+    meta,
+    proxied,
+    proxy_args,
+    read_lines,
+    spawn_raw,
+    text,
+)
+
+DEDUP = "io.exactcall/deduplicated"
+OUTCOME = "io.exactcall/outcome"
+HISTORIES = Path(__file__).parent / "histories" / "mcp"
+
+
+async def test_deliberate_repeats_run_every_time(server: DevServer, tmp_path: Path) -> None:
+    async with proxied(tmp_path, name=fresh(), address=server.address) as p:
+        for content in ("A", "B", "A"):
+            wrote = await p.client.call_tool("write_file", {"content": content})
+            assert not wrote.is_error and DEDUP not in meta(wrote)
+        for on in (False, True, False):
+            await p.client.call_tool("set_logging", {"on": on})
+        first = await p.client.call_tool("increment", {})
+        second = await p.client.call_tool("increment", {})
+        third = await p.client.call_tool("increment", {})
+    assert Path(f"{p.effects}.content").read_text() == "A" and p.count("write_file") == 3
+    toggles = [ln.split()[1] for ln in p.effects.read_text().splitlines() if "set_logging" in ln]
+    assert toggles == ["off", "on", "off"]
+    assert p.count("increment") == 3
+    assert [text(r) for r in (first, second, third)] == ["count is 1", "count is 2", "count is 3"]
+
+
+async def test_three_concurrent_identical_copies_run_once(
+    server: DevServer, tmp_path: Path
+) -> None:
+    args = {"line": "c3", "seconds": 0.5}
+    async with proxied(tmp_path, name=fresh(), address=server.address) as p:
+        results = await asyncio.gather(*(p.client.call_tool("slow_append", args) for _ in range(3)))
+        after = await p.client.call_tool("slow_append", args)  # answered: a new call
+    assert p.count("slow_append") == 2
+    ran = [r for r in results if DEDUP not in meta(r)]
+    assert len(ran) == 1 and not any(r.is_error for r in results)
+    for r in results:
+        if r is not ran[0]:
+            assert "already in progress" in text(r) and text(r).endswith(text(ran[0]))
+    assert DEDUP not in meta(after)
+
+
+class RawSession:
+    """A proxy process driven line by line, as a client that may vanish mid-call."""
+
+    def __init__(self, args: list[str], tmp_path: Path) -> None:
+        self.proc = spawn_raw(args, tmp_path)
+        self.out: list[bytes] = []
+        self.reader = threading.Thread(target=read_lines, args=(self.proc, self.out), daemon=True)
+        self.reader.start()
+
+    def send(self, msg: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(msg).encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def answers(self, rid: Any) -> list[dict[str, Any]]:
+        found = []
+        for line in list(self.out):
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(msg, dict) and msg.get("id") == rid:
+                found.append(msg)
+        return found
+
+    async def open(self) -> None:
+        init = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t"}}
+        self.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init})
+        await eventually(lambda: self.answers(1))
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def call(self, rid: int, tool: str, arguments: dict[str, Any]) -> None:
+        params = {"name": tool, "arguments": arguments}
+        self.send({"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params})
+
+    async def wait(self) -> int:
+        code = await asyncio.to_thread(self.proc.wait, 60)
+        self.reader.join(5)
+        if self.proc.stdout:
+            self.proc.stdout.close()
+        return code
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("how", ["sigterm", "eof"])
+async def test_shutdown_during_a_write_never_answers_failed_and_a_retry_gets_it(
+    server: DevServer, tmp_path: Path, how: str
+) -> None:
+    name, effects = fresh(), tmp_path / "stop.effects"
+    args = {"line": "t", "seconds": 1.0}
+    raw = RawSession(
+        proxy_args(name, tmp_path / "a.audit", (), server.address, "effects", effects), tmp_path
+    )
+    await raw.open()
+    raw.call(2, "slow_append", args)
+    await eventually(Path(f"{effects}.started").exists)
+    if how == "sigterm":
+        raw.proc.send_signal(signal.SIGTERM)
+    else:
+        assert raw.proc.stdin is not None
+        raw.proc.stdin.close()
+    assert await raw.wait() == 0  # documented: a client that ends the proxy gets 0
+    if raw.proc.stdin and not raw.proc.stdin.closed:
+        raw.proc.stdin.close()
+    for answer in raw.answers(2):  # the write was let finish; never a made-up failure
+        assert not answer["result"].get("isError"), answer
+    count = sum(1 for ln in effects.read_text().splitlines() if ln.startswith("slow_append"))
+    assert count == 1
+    # the client comes back and retries: the first outcome, nothing run again
+    async with proxied(tmp_path, name=name, address=server.address, effects=effects) as p:
+        again = await p.client.call_tool("slow_append", args)
+        later = await p.client.call_tool("slow_append", args)  # delivered now: a new call
+    assert not again.is_error and meta(again)[DEDUP] is True
+    assert "never reached a client" in text(again) and "nothing was sent" in text(again)
+    assert DEDUP not in meta(later) and p.count("slow_append") == 2
+
+
+async def test_a_cancelled_write_gets_no_response_and_the_server_gets_the_cancel(
+    server: DevServer, tmp_path: Path
+) -> None:
+    name, upstream_log = fresh(), tmp_path / "raw.log"
+    raw = RawSession(
+        proxy_args(name, tmp_path / "c.audit", (), server.address, "raw", upstream_log), tmp_path
+    )
+    try:
+        await raw.open()
+        raw.call(7, "hang", {"n": 1})
+
+        def sent() -> list[dict[str, Any]]:
+            rows = [json.loads(ln) for ln in upstream_log.read_text().splitlines() if ln]
+            return [r for r in rows if isinstance(r, dict)]
+
+        await eventually(lambda: [r for r in sent() if r.get("method") == "tools/call"])
+        proxy_id = next(r["id"] for r in sent() if r.get("method") == "tools/call")
+        assert proxy_id != 7
+        cancel = {"requestId": 7, "reason": "the user pressed stop"}
+        raw.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": cancel})
+        cancels = await eventually(
+            lambda: [r for r in sent() if r.get("method") == "notifications/cancelled"]
+        )
+        # under the id the server saw (the proxy's), not the client's
+        assert [c["params"]["requestId"] for c in cancels] == [proxy_id]
+        raw.call(8, "poke", {"n": 2})  # the proxy goes on serving
+        await eventually(lambda: raw.answers(8))
+        await asyncio.sleep(4.0)  # past the proxy's grace for the server's answer
+        assert raw.answers(7) == []  # MCP: a cancelled request gets no response
+        # sent and never answered: unknown, and a retry is told so, never re-sent
+        raw.call(9, "hang", {"n": 1})
+        retry = await eventually(lambda: raw.answers(9), 60)
+        assert retry[0]["result"]["_meta"][OUTCOME] == "unknown"
+        assert len([r for r in sent() if r.get("method") == "tools/call"]) == 2  # hang + poke
+        wid = retry[0]["result"]["_meta"]["io.exactcall/workflow-id"]
+        step = retry[0]["result"]["_meta"]["io.exactcall/step"]
+        # settled while the proxy (whose worker confirms it) runs, as the docs say
+        settle = ["resolve", wid, step, "--landed", "--result", '"done"', "--yes"]
+        assert await asyncio.to_thread(cli_main, [*settle, "--address", server.address]) == 0
+    finally:
+        if raw.proc.stdin:
+            raw.proc.stdin.close()
+        await raw.wait()
+
+
+async def test_a_proxy_call_history_from_the_window_era_replays() -> None:
+    """Recorded before retries and repeats were told apart (a ``ProxyCall`` input without a
+    ``mode``): it replays on today's workflow, by the old path."""
+    history = json.loads((HISTORIES / "proxy_call_window.json").read_text())
+    replayer = Replayer(
+        workflows=[ProxyCall, ApprovedProxyCall],
+        plugins=[exactcall.Plugin(tools=[])],
+        namespace="default",
+    )
+    await replayer.replay_workflow(WorkflowHistory.from_json("proxy-window", history))

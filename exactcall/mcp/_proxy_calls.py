@@ -42,6 +42,7 @@ from exactcall.reconciliation import state as reconciliation_state
 
 from . import DEDUPLICATED_META
 from . import KEY_META as CLIENT_KEY_META
+from ._proxy_policy import duration_text
 from ._proxy_workflow import (
     APPROVED_WORKFLOW,
     DELIVERED_SIGNAL,
@@ -363,7 +364,7 @@ class Caller:
                 f"its outcome (recorded {when}). It ran once; {again}."
             )
         if o.repeat == "window":
-            window = _duration(o.window_seconds or 0)
+            window = duration_text(o.window_seconds or 0)
             return (
                 f"exactcall proxy: {what} already ran with these exact arguments at {when}, and "
                 f"identical calls within {window} of it run once (--dedupe-window), so {again}. "
@@ -440,14 +441,6 @@ def _clock(at: str | None) -> str:
         return at
     today = datetime.now(t.tzinfo).date() == t.date()
     return t.strftime("%H:%M:%S UTC" if today else "%Y-%m-%d %H:%M:%S UTC")
-
-
-def _duration(seconds: float) -> str:
-    if seconds % 3600 == 0:
-        return f"{int(seconds // 3600)}h"
-    if seconds % 60 == 0:
-        return f"{int(seconds // 60)}m"
-    return f"{seconds:g}s"
 
 
 def tool_error(

@@ -35,7 +35,15 @@ import structlog
 
 from ._classify import READ_VERBS, first_word, read_for_proxy
 
-__all__ = ["READ_VERBS", "Audit", "Decision", "Policy", "first_word", "usage_errors"]
+__all__ = [
+    "READ_VERBS",
+    "Audit",
+    "Decision",
+    "Policy",
+    "duration_text",
+    "first_word",
+    "usage_errors",
+]
 
 log = structlog.get_logger("exactcall")
 
@@ -96,6 +104,28 @@ class Policy:
     annotations: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Tool name -> its ``annotations`` object, as last seen in a ``tools/list`` result."""
 
+    @classmethod
+    def from_flags(cls, ns: Any) -> tuple[Policy, list[str]]:
+        """The policy of the proxy's flags on ``ns`` (``exactcall mcp proxy`` and ``scan``; the
+        deprecated ``--dedupe``/``--no-dedupe`` count as ``--write``/``--read-only``), and the
+        flags that contradict each other (:func:`usage_errors`)."""
+
+        def given(flag: str) -> list[str]:
+            return list(getattr(ns, flag, None) or [])
+
+        read_only = [*given("read_only"), *given("no_dedupe")]
+        write = [*given("write"), *given("dedupe")]
+        approve = given("approve")
+        windows = dict(getattr(ns, "dedupe_window", None) or [])
+        policy = cls(
+            read_only=frozenset(read_only),
+            write=frozenset(write),
+            approve=frozenset(approve),
+            dedupe_windows=windows,
+            trusted=bool(getattr(ns, "trusted", False)),
+        )
+        return policy, usage_errors(read_only, write, approve, windows)
+
     def learn(self, tools_list_result: Any) -> None:
         """Read (never change) a ``tools/list`` result for the tools' annotations."""
         tools = tools_list_result.get("tools") if isinstance(tools_list_result, dict) else None
@@ -130,12 +160,15 @@ class Policy:
         if tool in self.write:
             return Decision("guard", "--write", window)
         if window is not None:
-            return Decision("guard", f"--dedupe-window {_duration(window)}", window)
+            return Decision(
+                "guard", f"--dedupe-window {duration_text(window.total_seconds())}", window
+            )
         return None
 
 
-def _duration(d: timedelta) -> str:
-    s = d.total_seconds()
+def duration_text(seconds: float) -> str:
+    """``600`` -> ``10m``, ``1.5`` -> ``1.5s``: as the flags take durations."""
+    s = seconds
     for unit, size in (("h", 3600), ("m", 60), ("s", 1)):
         if s >= size and s % size == 0:
             return f"{int(s // size)}{unit}"

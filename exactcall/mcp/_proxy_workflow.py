@@ -24,7 +24,7 @@ released; sent -> the proxy forwards the cancel to the server and the outcome is
 server answered, or unknown).
 
 Runs started by an older proxy (no ``mode`` in their input) run as they always did: the
-window for every call (``_run_v1``; tests/histories/mcp/proxy_call_window.json).
+window for every call, or the client's key (tests/histories/mcp/proxy_call_window.json).
 
 An unknown outcome (the proxy or the server died during the call) is reported at once and
 the workflow waits for the reconciliation's verdict (``exactcall resolve``); a call that needs
@@ -206,17 +206,16 @@ class ProxyCall:
 
     @workflow.run
     async def run(self, inp: CallInput) -> Outcome:
-        if inp.mode is None:
-            return await self._run_v1(inp)
+        mode = self._mode
         self._task = asyncio.ensure_future(self._call(inp))
         if self._withdrawn >= self._callers:  # withdrawn before the run began
             self._task.cancel()
         outcome = await self._task
         self._outcome = outcome
         if not outcome.released:
-            if inp.mode == "window" and inp.window_seconds:
+            if mode == "window" and inp.window_seconds:
                 await workflow.sleep(timedelta(seconds=inp.window_seconds), summary="dedupe window")
-            elif inp.mode == "retry" and inp.hold_seconds:
+            elif mode == "retry" and inp.hold_seconds:
                 with contextlib.suppress(TimeoutError):
                     await workflow.wait_condition(
                         lambda: self._delivered,
@@ -225,21 +224,16 @@ class ProxyCall:
                     )
         self._closing = True
         await workflow.wait_condition(workflow.all_handlers_finished)
-        if outcome.released and inp.mode == "key":
+        if outcome.released and mode == "key":
             # fail the run so the client's key may be used again (reuse: failed runs only)
             raise ApplicationError(outcome.message or "not executed", type="NotExecuted")
         return outcome
 
-    async def _run_v1(self, inp: CallInput) -> Outcome:
-        """Runs started by an older proxy: every call's window, as they were recorded."""
-        outcome = await self._call(inp)
-        self._outcome = outcome
-        if inp.window_seconds and not outcome.released:
-            await workflow.sleep(timedelta(seconds=inp.window_seconds), summary="dedupe window")
-        await workflow.wait_condition(workflow.all_handlers_finished)
-        if outcome.released and inp.window_seconds is None:
-            raise ApplicationError(outcome.message or "not executed", type="NotExecuted")
-        return outcome
+    @property
+    def _mode(self) -> Mode:
+        """The run's mode; an older proxy's input (no ``mode``) has a window, or a key."""
+        inp = self._inp
+        return inp.mode or ("key" if inp.window_seconds is None else "window")
 
     @workflow.update(name=WAIT_UPDATE)
     async def wait(self, w: Wait) -> Outcome:
@@ -264,8 +258,7 @@ class ProxyCall:
     def _repeat(self, caller: str) -> Repeat:
         if caller in self._while_running:
             return "running"
-        mode = self._inp.mode or ("key" if self._inp.window_seconds is None else "window")
-        return "undelivered" if mode == "retry" else mode
+        return "undelivered" if self._mode == "retry" else self._mode
 
     @wait.validator
     def _same_call(self, w: Wait) -> None:

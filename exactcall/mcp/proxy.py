@@ -50,7 +50,7 @@ from exactcall._worker import Connection
 
 from . import KEY_META, NOT_EXECUTED_META
 from ._proxy_calls import Call, Caller, Reply, tool_error
-from ._proxy_policy import Audit, Policy, usage_errors
+from ._proxy_policy import Audit, Policy
 from ._proxy_stdio import (
     ClientStdio,
     Upstream,
@@ -89,9 +89,6 @@ def derive_name(command: list[str]) -> str:
 
 def run_proxy(ns: argparse.Namespace, connection: Connection) -> Any:
     """Entry point of ``exactcall mcp proxy`` (returns the exit code, or a coroutine of it)."""
-    read_only = [*ns.read_only, *ns.no_dedupe]
-    write = [*ns.write, *ns.dedupe]
-    windows = dict(ns.dedupe_window)
     for old, new in (("--no-dedupe", "--read-only"), ("--dedupe", "--write")):
         if getattr(ns, old.lstrip("-").replace("-", "_")):
             print(f"exactcall mcp proxy: {old} is deprecated; use {new}", file=sys.stderr)
@@ -104,7 +101,7 @@ def run_proxy(ns: argparse.Namespace, connection: Connection) -> Any:
             file=sys.stderr,
         )
     retry_window = ns.retry_window or ns.window or RETRY_WINDOW
-    errors = usage_errors(read_only, write, ns.approve, windows)
+    policy, errors = Policy.from_flags(ns)
     name = ns.name or derive_name(ns.server_command)
     if not _NAME.match(name):
         errors.append(f"--name {name!r}: use letters, digits, '_', '-' or '.' (at most 64)")
@@ -114,13 +111,6 @@ def run_proxy(ns: argparse.Namespace, connection: Connection) -> Any:
         for e in errors:
             print(f"exactcall mcp proxy: {e}", file=sys.stderr)
         return 2
-    policy = Policy(
-        read_only=frozenset(read_only),
-        write=frozenset(write),
-        approve=frozenset(ns.approve),
-        dedupe_windows=windows,
-        trusted=ns.trusted,
-    )
     return _serve(ns, connection, name, policy, retry_window)
 
 

@@ -54,7 +54,7 @@ from mcp.types import (
 from mcp.types import Tool as WireTool
 
 from ._classify import name_evidence, risk, words
-from ._proxy_policy import Policy, usage_errors
+from ._proxy_policy import Policy
 
 __all__ = [
     "Classification",
@@ -300,20 +300,10 @@ async def _scan_all(
 
 def _policy(ns: argparse.Namespace) -> Policy:
     """The proxy's flags, as given to the scan; contradicting flags are a ValueError."""
-    read_only = list(getattr(ns, "read_only", None) or [])
-    write = list(getattr(ns, "write", None) or [])
-    approve = list(getattr(ns, "approve", None) or [])
-    windows = dict(getattr(ns, "dedupe_window", None) or [])
-    errors = usage_errors(read_only, write, approve, windows)
+    policy, errors = Policy.from_flags(ns)
     if errors:
         raise ValueError("; ".join(errors))
-    return Policy(
-        read_only=frozenset(read_only),
-        write=frozenset(write),
-        approve=frozenset(approve),
-        dedupe_windows=windows,
-        trusted=bool(getattr(ns, "trusted", False)),
-    )
+    return policy
 
 
 def _entries(ns: argparse.Namespace) -> list[ServerEntry]:

@@ -149,7 +149,8 @@ def run(ns: argparse.Namespace, connection: Any) -> int:
     except ImportError as exc:
         if "mcp" not in str(exc):
             raise
-        print(f"exactcall mcp {ns.mcp_command}: {exc}; {EXTRA_HINT}", file=sys.stderr)
+        hint = "" if EXTRA_HINT in str(exc) else f"; {EXTRA_HINT}"  # say it once
+        print(f"exactcall mcp {ns.mcp_command}: {exc}{hint}", file=sys.stderr)
         return 2
     if inspect.isawaitable(result):
         result = asyncio.run(result)

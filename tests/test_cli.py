@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -46,6 +48,9 @@ async def test_server_starts_says_where_and_stops_its_child_on_sigterm(tmp_path:
         await asyncio.sleep(0.1)
     assert not port_open("127.0.0.1", port), "the dev server outlived `exactcall server`"
     assert (tmp_path / "temporal.db").exists()
+    # a file-backed server keeps a write-ahead log (fewer fsyncs per commit, as durable)
+    with contextlib.closing(sqlite3.connect(tmp_path / "temporal.db")) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
 async def test_worker_usage_errors_exit_2() -> None:

@@ -12,6 +12,7 @@ import re
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -417,6 +418,54 @@ async def test_embedded_server_keeps_dedupe_across_restarts_and_kills(tmp_path: 
     assert p3.count("append") == 1
     # the commands a proxy on its embedded server prints name that server's address
     assert f"--address {json.loads(info.read_text())['address']}" in text(hint)
+
+
+@pytest.mark.crash
+async def test_a_proxy_whose_embedded_server_went_away_takes_over(tmp_path: Path) -> None:
+    """Two proxies of one name share the embedded server of the first; when the first exits
+    (and stops it), or the server is killed, the other starts one on the same database within
+    seconds and its writes go on, each once."""
+    home, effects = tmp_path / "home", tmp_path / "share.effects"
+    info = home / "mcp" / "share.json"
+    where = {"effects": effects, "home": home, "name": "share", "address": None}
+    up, leave = asyncio.Event(), asyncio.Event()
+
+    async def owner() -> None:  # its own task: the client's scopes close where they opened
+        async with proxied(tmp_path, **where) as p:
+            assert not (await p.client.call_tool("append", {"line": "a"})).is_error
+            up.set()
+            await leave.wait()
+
+    first = asyncio.create_task(owner())
+    try:
+        await asyncio.wait_for(up.wait(), 60)
+        pid1 = json.loads(info.read_text())["pid"]
+        async with proxied(tmp_path, **where) as other:
+            assert not (await other.client.call_tool("append", {"line": "b"})).is_error
+            assert json.loads(info.read_text())["pid"] == pid1  # shared, not a second one
+            leave.set()  # the owner exits...
+            await first
+            await eventually(lambda: not alive(pid1), 20)  # ...and stops its server
+            t0 = time.monotonic()
+            after_exit = await other.client.call_tool("append", {"line": "c"})
+            took = time.monotonic() - t0
+            pid2 = json.loads(info.read_text())["pid"]
+            os.kill(pid2, signal.SIGKILL)  # now the server itself dies
+            await eventually(lambda: not alive(pid2), 10)
+            after_kill = await other.client.call_tool("append", {"line": "d"})
+            pid3 = json.loads(info.read_text())["pid"]
+        await eventually(lambda: not alive(pid3), 20)  # the last one stops it
+    finally:
+        leave.set()
+        with contextlib.suppress(Exception):
+            await first
+        with contextlib.suppress(Exception):
+            os.kill(json.loads(info.read_text())["pid"], signal.SIGKILL)
+    assert not after_exit.is_error, text(after_exit)
+    assert not after_kill.is_error, text(after_kill)
+    assert took < 20, took
+    assert pid2 not in (pid1, None) and pid3 not in (pid1, pid2)
+    assert [other.count("append", x) for x in "abcd"] == [1, 1, 1, 1]
 
 
 # -- usage ----------------------------------------------------------------------------------

@@ -6,7 +6,9 @@ with its SQLite file in the state folder, ``$EXACTCALL_HOME/mcp/<name>.db``, so 
 parked calls survive restarts. Its address is in ``$EXACTCALL_HOME/mcp/<name>.json`` (and in
 every approve/resolve command the proxy prints). One proxy owns it (a lock file); another
 proxy of the same name meanwhile uses it; a server left running by a proxy that was killed is
-adopted by the next one, which stops it when it exits.
+adopted by the next one, which stops it when it exits. A proxy whose embedded server stops
+answering (its owner exited, or it was killed) takes over within about a second: it starts or
+adopts the server on the same database, with a new client and worker.
 
 The proxy also runs a worker in-process on task queue ``exactcall-mcp-<name>``: its tool
 activity sends the call to this process's upstream server.
@@ -43,6 +45,10 @@ __all__ = ["Temporal", "await_settled", "task_queue"]
 log = structlog.get_logger("exactcall")
 CONNECT_TIMEOUT = 15.0
 RETRY_AFTER = 5.0
+WATCH_EVERY = 0.5
+"""How often a proxy checks that its embedded server still answers (two misses: take over)."""
+SHUTDOWN_TIMEOUT = 10.0
+SHARE_TIMEOUT = 30.0
 
 
 def task_queue(name: str) -> str:
@@ -86,11 +92,22 @@ def start_embedded(name: str) -> Embedded:
     folder.mkdir(parents=True, exist_ok=True)
     info_path = folder / f"{name}.json"
     lock_fd = os.open(folder / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:  # a live proxy of this name owns it: share its server
-        os.close(lock_fd)
-        return Embedded(address=_wait_for_info(info_path))
+    deadline = time.monotonic() + SHARE_TIMEOUT
+    while True:
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:  # a live proxy of this name owns it: share its server
+            info = _read_info(info_path)
+            if info and port_open(*_host_port(info["address"])):
+                os.close(lock_fd)
+                return Embedded(address=str(info["address"]))
+            if time.monotonic() > deadline:  # (its owner may be stopping it: then we own it)
+                os.close(lock_fd)
+                raise TimeoutError(
+                    f"another proxy holds {folder / f'{name}.lock'} but its server is not up"
+                ) from None
+            time.sleep(0.1)
     info = _read_info(info_path)
     if info and _alive(info.get("pid")):  # left by a proxy that was killed
         if port_open(*_host_port(info["address"])):
@@ -111,16 +128,6 @@ def _read_info(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return info if isinstance(info, dict) and isinstance(info.get("address"), str) else None
-
-
-def _wait_for_info(path: Path, timeout: float = 30.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        info = _read_info(path)
-        if info and port_open(*_host_port(info["address"])):
-            return str(info["address"])
-        time.sleep(0.1)
-    raise TimeoutError(f"another proxy holds {path.with_suffix('.lock')} but its server is not up")
 
 
 def _host_port(address: str) -> tuple[str, int]:
@@ -208,24 +215,60 @@ class Temporal:
         return await asyncio.shield(self._client)
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         try:
-            client = await self._connect()
-            worker = build_worker(
-                client,
-                self.task_queue,
-                [ProxyCall, ApprovedProxyCall],
-                activities=[await_settled],
-                sticky_timeout=timedelta(seconds=2),
-            )
-            async with worker:
+            while True:
+                client = await self._connect()
+                worker = build_worker(
+                    client,
+                    self.task_queue,
+                    [ProxyCall, ApprovedProxyCall],
+                    activities=[await_settled],
+                    sticky_timeout=timedelta(seconds=2),
+                )
+                running = asyncio.create_task(worker.run(), name="mcp-proxy-worker")
                 log.info("mcp_proxy.worker_started", task_queue=self.task_queue)
+                if self._client.done():  # after a takeover: a new client for new calls
+                    self._client = loop.create_future()
                 self._client.set_result(client)
-                await self._stop.wait()
+                if not await self._until_stopped_or_lost(running):
+                    with contextlib.suppress(Exception):  # calls in flight get its grace
+                        await worker.shutdown()
+                        await running
+                    return
+                with contextlib.suppress(Exception):  # its server is gone: nothing to drain
+                    await asyncio.wait_for(worker.shutdown(), SHUTDOWN_TIMEOUT)
+                running.cancel()
+                gone = self.embedded.address if self.embedded else None
+                log.warning("mcp_proxy.server_gone", address=gone, action="starting or adopting")
+                if self.embedded is not None:  # its lock (if it was ours) is free again
+                    await asyncio.to_thread(self.embedded.stop)
+                    self.embedded = None
+                self._client = loop.create_future()  # calls meanwhile wait for the new one
         except Exception as exc:
             log.error("mcp_proxy.temporal_unavailable", error=f"{type(exc).__name__}: {exc}")
             self._failed_at = time.monotonic()
             if not self._client.done():
                 self._client.set_exception(exc)
+
+    async def _until_stopped_or_lost(self, worker: asyncio.Task[None]) -> bool:
+        """Wait for stop() (False), or for the embedded server to be gone (True): the proxy
+        that owned it exited, or it was killed. Another proxy's server is watched, and so is
+        this proxy's own; a configured cluster is not (the client reconnects by itself)."""
+        misses = 0
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), WATCH_EVERY)
+            if self.embedded is None or self._stop.is_set():
+                continue
+            up = await asyncio.to_thread(port_open, *_host_port(self.embedded.address))
+            misses = 0 if up else misses + 1
+            if misses >= 2:
+                return True
+            failed = worker.exception() if worker.done() else None
+            if up and failed is not None:
+                raise failed
+        return False
 
     async def _connect(self) -> Client:
         conn = self.conn

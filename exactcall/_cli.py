@@ -334,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ns.command == "mcp":
             from ._cli_mcp import run as run_mcp
 
-            return run_mcp(ns, _connection(ns) if ns.mcp_command == "proxy" else None)
+            return run_mcp(ns, _connection(ns) if ns.mcp_command in ("proxy", "serve") else None)
         if ns.command == "quickstart":
             from .quickstart.run import run_quickstart
 

@@ -44,18 +44,36 @@ def parse_tool_window(text: str) -> tuple[str, timedelta]:
     return tool, window
 
 
-def add_parsers(sub: Any, connection_args: Callable[[argparse.ArgumentParser], None]) -> None:
-    m = sub.add_parser("mcp", help="MCP servers: a once-only stdio proxy, and a risk scan")
-    msub = m.add_subparsers(dest="mcp_command", required=True)
+def header_arg(text: str) -> tuple[str, str]:
+    """``NAME=VALUE`` (``${VAR}`` read from the environment) -> (name, value) (argparse)."""
+    from .mcp._headers import parse_header
 
-    p = msub.add_parser(
-        "proxy",
-        help="a stdio MCP server in front of another: its write calls happen once, on Temporal",
-        description="Forwards everything between an MCP client and a stdio MCP server, except "
-        "tools/call of write tools, which run as exactcall calls on Temporal (the embedded "
-        "server when none is configured).",
+    try:
+        return parse_header(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def upstream_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--url",
+        help="proxy a Streamable HTTP MCP server (https://host/mcp) instead of a command",
     )
-    p.add_argument("--name", help="the upstream server's name (default: from its command)")
+    p.add_argument(
+        "--header",
+        action="append",
+        default=[],
+        type=header_arg,
+        metavar="NAME=VALUE",
+        help="an HTTP header for --url, e.g. 'Authorization=Bearer ${TOKEN}' (${VAR} is read "
+        "from the environment, so the secret is not in the process list)",
+    )
+
+
+def proxy_flags(p: argparse.ArgumentParser) -> None:
+    """The flags `mcp proxy` and `mcp serve` share."""
+    p.add_argument("--name", help="the upstream server's name (default: from its command or URL)")
+    upstream_args(p)
     p.add_argument(
         "--retry-window",
         type=parse_duration,
@@ -95,8 +113,45 @@ def add_parsers(sub: Any, connection_args: Callable[[argparse.ArgumentParser], N
         "--trusted", action="store_true", help="trust the server's readOnlyHint annotations"
     )
     p.add_argument("--audit", type=Path, help="JSONL audit file (default: in the state folder)")
+
+
+def add_parsers(sub: Any, connection_args: Callable[[argparse.ArgumentParser], None]) -> None:
+    m = sub.add_parser(
+        "mcp", help="MCP servers: a once-only proxy (stdio or HTTP), and a risk scan"
+    )
+    msub = m.add_subparsers(dest="mcp_command", required=True)
+
+    p = msub.add_parser(
+        "proxy",
+        help="a stdio MCP server in front of another: its write calls happen once, on Temporal",
+        description="Forwards everything between an MCP client and a stdio MCP server, except "
+        "tools/call of write tools, which run as exactcall calls on Temporal (the embedded "
+        "server when none is configured).",
+    )
+    proxy_flags(p)
     connection_args(p)
     p.add_argument("server_command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+
+    v = msub.add_parser(
+        "serve",
+        help="the proxy for HTTP clients: a Streamable HTTP endpoint in front of a server",
+        description="Serves MCP over Streamable HTTP (http://HOST:PORT/mcp) in front of a stdio "
+        "server (the command after --, one process per client session) or an HTTP one "
+        "(--url), with the proxy's guarantees: write calls happen once, on Temporal.",
+    )
+    v.add_argument("--port", type=int, required=True, help="the port to listen on (0: any)")
+    v.add_argument("--host", default="127.0.0.1", help="the address to listen on (127.0.0.1)")
+    v.add_argument("--path", default="/mcp", help="the endpoint's path (default /mcp)")
+    v.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a browser Origin allowed besides local ones (e.g. https://app.example.com)",
+    )
+    proxy_flags(v)
+    connection_args(v)
+    v.add_argument("server_command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
     s = msub.add_parser(
         "scan",
@@ -135,11 +190,15 @@ def run(ns: argparse.Namespace, connection: Any) -> int:
         command = command[1:]
     ns.server_command = command
     try:
-        if ns.mcp_command == "proxy":
+        if ns.mcp_command in ("proxy", "serve"):
             from .mcp.proxy import run_proxy
 
-            if not command:
-                print("exactcall mcp proxy: give the server command after --", file=sys.stderr)
+            if bool(command) == bool(ns.url):
+                print(
+                    f"exactcall mcp {ns.mcp_command}: give the server command after --, or "
+                    "--url URL (one of them)",
+                    file=sys.stderr,
+                )
                 return 2
             result: Any = run_proxy(ns, connection)
         else:

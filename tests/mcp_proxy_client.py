@@ -20,6 +20,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from temporalio.client import Client as TemporalClient
 
+from exactcall._server import free_port, port_open
 from exactcall.reconciliation import list_unresolved
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,11 +38,22 @@ def proxy_env(home: Path) -> dict[str, str]:
 
 
 def proxy_args(
-    name: str, audit: Path, flags: tuple[str, ...], address: str | None, kind: str, target: Path
+    name: str,
+    audit: Path,
+    flags: tuple[str, ...],
+    address: str | None,
+    kind: str,
+    target: Path,
+    url: str | None = None,
+    command: str = "proxy",
 ) -> list[str]:
-    args = ["-m", "exactcall", "mcp", "proxy", "--name", name, "--audit", str(audit), *flags]
+    """``python -m exactcall mcp proxy`` (or ``serve``) in front of ``tests.mcp_proxy_servers
+    KIND TARGET``, or of the HTTP server at ``url``."""
+    args = ["-m", "exactcall", "mcp", command, "--name", name, "--audit", str(audit), *flags]
     if address:
         args += ["--address", address]
+    if url is not None:
+        return [*args, "--url", url]
     return [*args, "--", sys.executable, "-m", "tests.mcp_proxy_servers", kind, str(target)]
 
 
@@ -81,13 +93,17 @@ async def proxied(
     mode: str = "auto",
     effects: Path | None = None,
     home: Path | None = None,
+    url: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> AsyncIterator[Proxied]:
+    """A real stdio client session with a proxy in front of the effects server (over stdio,
+    or the one at ``url`` over Streamable HTTP: see :func:`http_effects`)."""
     effects = effects or tmp_path / f"{name}.effects"
     audit = tmp_path / f"{name}.audit.jsonl"
     params = StdioServerParameters(
         command=sys.executable,
-        args=proxy_args(name, audit, flags, address, "effects", effects),
-        env=proxy_env(home or tmp_path),
+        args=proxy_args(name, audit, flags, address, "effects", effects, url=url),
+        env={**proxy_env(home or tmp_path), **(env or {})},
         cwd=ROOT,
     )
     log_path = tmp_path / f"{name}.log"
@@ -99,6 +115,34 @@ async def proxied(
     except BaseException:  # show what the proxy said (its stderr) with the failure
         print(f"--- {log_path} (tail)\n" + log_path.read_text()[-4000:])
         raise
+
+
+def wait_port(port: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not port_open("127.0.0.1", port):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"nothing listens on port {port}")
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def http_effects(effects: Path, port: int | None = None) -> Any:
+    """The effects server over Streamable HTTP (a real process): yields (url, process)."""
+    port = port or free_port()
+    with effects.with_suffix(".http.log").open("a") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.mcp_proxy_servers", "effects", str(effects), str(port)],
+            cwd=ROOT,
+            env=proxy_env(effects.parent),
+            stdout=log,
+            stderr=log,
+        )
+    try:
+        wait_port(port)
+        yield f"http://127.0.0.1:{port}/mcp", proc
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def text(result: Any) -> str:

@@ -9,8 +9,10 @@
   ``write_file`` (overwrites ``FILE.content``), ``set_logging`` (a toggle) and ``increment``
   (a counter without arguments). Each appends ``TOOL ARG KEY`` where KEY is the
   ``io.exactcall/idempotency-key`` it received in ``_meta`` (and answers with it, plus the
-  ``_meta`` ``io.example/trace`` it got). At start it writes its pid and its
-  parent's (the proxy's) to ``FILE.pid``.
+  ``_meta`` ``io.example/trace`` it got; over HTTP, `` header=V`` is added when the request
+  had ``X-Exactcall-Test: V``). At start it writes its pid and its
+  parent's (the proxy's) to ``FILE.pid``. ``effects FILE PORT`` serves the same tools over
+  Streamable HTTP on ``http://127.0.0.1:PORT/mcp``.
 * ``raw FILE``: no SDK; appends every line it receives to FILE exactly as the bytes came, and
   answers ``initialize``, ``tools/list`` and ``tools/call`` minimally; a line that is not JSON
   gets a line that is not JSON back, and a batch gets a batch back; a
@@ -39,6 +41,10 @@ def effects_server(path: Path) -> MCPServer:
         meta = ctx.request_context.meta or {}
         key = meta.get(KEY_META) if isinstance(meta, dict) else getattr(meta, KEY_META, None)
         line = f"{tool} {arg} {key}"
+        request = getattr(ctx.request_context, "request", None)  # over HTTP: the headers
+        header = request.headers.get("x-exactcall-test") if request is not None else None
+        if header:
+            line += f" header={header}"
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, (line + "\n").encode())
@@ -175,4 +181,7 @@ if __name__ == "__main__":
     else:
         # who we are, and who started us (the proxy): tests SIGKILL one or the other
         Path(f"{file}.pid").write_text(f"{os.getpid()} {os.getppid()}")
-        effects_server(file).run()
+        if len(sys.argv) > 3:  # effects FILE PORT: over Streamable HTTP on 127.0.0.1:PORT/mcp
+            effects_server(file).run("streamable-http", host="127.0.0.1", port=int(sys.argv[3]))
+        else:
+            effects_server(file).run()

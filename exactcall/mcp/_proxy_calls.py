@@ -84,6 +84,9 @@ class Call:
     """Set once the call's workflow has it as a caller (its withdrawal can be sent)."""
     cancelled: bool = False
     """The client cancelled the request: it gets no response (MCP)."""
+    origin: Any = field(default=None, compare=False, repr=False)
+    """The client session it came from (its progress goes there, and it is sent upstream
+    through that session's server while the session is open)."""
 
     @property
     def client_key(self) -> Any:
@@ -158,9 +161,10 @@ class Caller:
         progress: Any,
     ) -> None:
         """``retry_window``: how long an outcome no client received waits for a retry;
-        ``cli_flags()``: connection flags for printed commands; ``progress(token, n,
-        message)``: sends a progress notification to the client. ``metas``: the client's
-        ``_meta`` of each call by workflow id, for the upstream request (not identity)."""
+        ``cli_flags()``: connection flags for printed commands; ``progress(call, n,
+        message)``: sends a progress notification to the call's client. ``metas``: the
+        client's ``_meta`` of each call by workflow id, for the upstream request (not
+        identity); ``origins``: the client session each call came from."""
         self.server = server
         self.retry_window = retry_window.total_seconds()
         self.approval_wait = approval_wait.total_seconds()
@@ -168,6 +172,7 @@ class Caller:
         self._cli_flags = cli_flags
         self._progress = progress
         self.metas: dict[str, dict[str, Any]] = {}
+        self.origins: dict[str, Any] = {}
         self._delivering: dict[str, asyncio.Future[None]] = {}
 
     async def run(self, client: Client, call: Call) -> Reply:
@@ -193,7 +198,7 @@ class Caller:
         if delivering is not None:  # this proxy's answer to an identical call: it ends that run
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(delivering), 5)
-        self._keep_meta(wid, call.meta)
+        self._keep_meta(wid, call)
         try:
             outcome = await self._outcome(client, call, inp, wid, ident.reuse)
         except ApplicationError as err:  # refused by the workflow: another call's identity
@@ -246,11 +251,14 @@ class Caller:
         with contextlib.suppress(Exception):
             await client.get_workflow_handle(call.workflow_id).signal(WITHDRAW_SIGNAL, call.caller)
 
-    def _keep_meta(self, wid: str, meta: dict[str, Any]) -> None:
-        forwarded = {k: v for k, v in meta.items() if k not in ("progressToken", CLIENT_KEY_META)}
-        self.metas[wid] = forwarded
+    def _keep_meta(self, wid: str, call: Call) -> None:
+        drop = ("progressToken", CLIENT_KEY_META)
+        self.metas[wid] = {k: v for k, v in call.meta.items() if k not in drop}
+        self.origins[wid] = call.origin
         while len(self.metas) > MAX_KEPT_METAS:
             self.metas.pop(next(iter(self.metas)))
+        while len(self.origins) > MAX_KEPT_METAS:
+            self.origins.pop(next(iter(self.origins)))
 
     def _start(self, call: Call, inp: CallInput, wid: str, reuse: WorkflowIDReusePolicy) -> Any:
         return WithStartWorkflowOperation(
@@ -318,7 +326,7 @@ class Caller:
                 if waited >= self.approval_wait:
                     return outcome
                 sent += 1
-                self._progress(call.progress_token, sent, self._approve_text(outcome))
+                self._progress(call, sent, self._approve_text(outcome))
                 slice_ = max(min(SHORT_SLICE, self.approval_wait - waited), 0.05)
                 waited += slice_
                 w = w.model_copy(update={"timeout_seconds": slice_, "until_approval": False})

@@ -23,27 +23,36 @@ import queue
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from exactcall._wire import MCP_PROXY_ID_PREFIX as ID_PREFIX
 
 __all__ = [
     "ID_PREFIX",
+    "ClientSide",
     "ClientStdio",
     "Upstream",
     "UpstreamCancelled",
     "UpstreamError",
     "UpstreamGone",
+    "UpstreamNotSent",
     "claim_stdio",
     "parse",
 ]
 
 ENVELOPE_PREFIX = "io.modelcontextprotocol/"
+NOT_SENT_DATA = "io.exactcall/not-sent"
+"""In the ``data`` of an error the proxy made up for a request it could not send at all."""
 LINE_LIMIT = 64 * 1024 * 1024  # one JSON-RPC message per line; results can be large
 
 
 class UpstreamGone(ConnectionError):
     """The upstream server's stdout closed (it exited or crashed)."""
+
+
+class UpstreamNotSent(ConnectionError):
+    """One of the proxy's requests could not be sent at all (an HTTP server that could not
+    be connected to): it did not run."""
 
 
 class UpstreamCancelled(Exception):
@@ -86,6 +95,19 @@ def claim_stdio() -> tuple[int, int]:
     os.close(devnull)
     os.dup2(2, 1)
     return client_in, client_out
+
+
+class ClientSide(Protocol):
+    """Where a session's client is: lines from it, and lines to it (in order). ``written(ok)``
+    is called once a line reached the client's transport (True) or could not (False)."""
+
+    def lines(self) -> AsyncIterator[bytes]: ...
+
+    def send_line(self, line: bytes, written: Callable[[bool], None] | None = None) -> None: ...
+
+    def send(
+        self, message: dict[str, Any], written: Callable[[bool], None] | None = None
+    ) -> None: ...
 
 
 class ClientStdio:
@@ -247,7 +269,11 @@ class Upstream:
             self._pending.pop(rid, None)
         if "error" in response:
             err = response["error"]
-            raise UpstreamError(err if isinstance(err, dict) else {"message": str(err)})
+            err = err if isinstance(err, dict) else {"message": str(err)}
+            data = err.get("data")
+            if isinstance(data, dict) and data.get(NOT_SENT_DATA) is True:
+                raise UpstreamNotSent(str(err.get("message")))
+            raise UpstreamError(err)
         result = response.get("result")
         return result if isinstance(result, dict) else {"value": result}
 
@@ -274,13 +300,28 @@ class Upstream:
         merged = {**self.envelope, **meta}
         return {**params, "_meta": merged} if merged else dict(params)
 
-    async def pump(self, forward: Callable[[bytes, dict[str, Any] | None], None]) -> None:
-        """Read the upstream's stdout until it closes: answers to the proxy's own requests
-        resolve them, every other line goes to ``forward`` (raw, with its parse)."""
+    async def _read(self) -> bytes:
+        """The upstream's next line; b"" once it is gone."""
         assert self.proc is not None and self.proc.stdout is not None
-        stdout = self.proc.stdout
+        return await _readline(self.proc.stdout)
+
+    @property
+    def open(self) -> bool:
+        """Started and not gone (calls can be sent to it)."""
+        return self.proc is not None and not self.gone.is_set()
+
+    def exit_code(self) -> int | None:
+        return self.proc.returncode if self.proc is not None else None
+
+    def failed(self) -> bool:
+        """Whether it exited on its own with an error (the proxy then exits 1)."""
+        return self.exit_code() not in (0, None)
+
+    async def pump(self, forward: Callable[[bytes, dict[str, Any] | None], None]) -> None:
+        """Read the upstream until it closes: answers to the proxy's own requests resolve
+        them, every other line goes to ``forward`` (raw, with its parse)."""
         try:
-            while line := await _readline(stdout):
+            while line := await self._read():
                 msg = parse(line)
                 rid = msg.get("id") if msg is not None else None
                 if isinstance(rid, str) and rid in self._pending and "method" not in (msg or {}):

@@ -37,9 +37,11 @@ import re
 import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import structlog
 from temporalio import activity
@@ -50,19 +52,22 @@ from exactcall._worker import Connection
 
 from . import KEY_META, NOT_EXECUTED_META
 from ._proxy_calls import Call, Caller, Reply, tool_error
+from ._proxy_http import HttpUpstream
 from ._proxy_policy import Audit, Policy
 from ._proxy_stdio import (
+    ClientSide,
     ClientStdio,
     Upstream,
     UpstreamCancelled,
     UpstreamError,
+    UpstreamNotSent,
     claim_stdio,
     parse,
 )
 from ._proxy_temporal import Temporal
 from ._proxy_workflow import bind_executor, proxy_tool
 
-__all__ = ["derive_name", "run_proxy"]
+__all__ = ["derive_name", "derive_url_name", "run_proxy"]
 
 log = structlog.get_logger("exactcall")
 READY_TIMEOUT = 30.0
@@ -87,11 +92,22 @@ def derive_name(command: list[str]) -> str:
     return f"{readable[:40]}-{digest}"
 
 
+def derive_url_name(url: str) -> str:
+    """A stable server name from its URL (never its headers): its host + a hash of the URL."""
+    digest = hashlib.sha256(url.encode()).hexdigest()[:8]
+    host = urlsplit(url).hostname or "server"
+    readable = re.sub(r"[^A-Za-z0-9_.-]+", "-", host).strip("-.") or "server"
+    return f"{readable[:40]}-{digest}"
+
+
 def run_proxy(ns: argparse.Namespace, connection: Connection) -> Any:
-    """Entry point of ``exactcall mcp proxy`` (returns the exit code, or a coroutine of it)."""
+    """Entry point of ``exactcall mcp proxy`` and ``exactcall mcp serve`` (returns the exit
+    code, or a coroutine of it)."""
     for old, new in (("--no-dedupe", "--read-only"), ("--dedupe", "--write")):
         if getattr(ns, old.lstrip("-").replace("-", "_")):
-            print(f"exactcall mcp proxy: {old} is deprecated; use {new}", file=sys.stderr)
+            print(
+                f"exactcall mcp {ns.mcp_command}: {old} is deprecated; use {new}", file=sys.stderr
+            )
     if ns.window is not None:
         print(
             "exactcall mcp proxy: --window is deprecated. An identical write now gets an earlier "
@@ -102,14 +118,18 @@ def run_proxy(ns: argparse.Namespace, connection: Connection) -> Any:
         )
     retry_window = ns.retry_window or ns.window or RETRY_WINDOW
     policy, errors = Policy.from_flags(ns)
-    name = ns.name or derive_name(ns.server_command)
+    name = ns.name or (derive_url_name(ns.url) if ns.url else derive_name(ns.server_command))
     if not _NAME.match(name):
         errors.append(f"--name {name!r}: use letters, digits, '_', '-' or '.' (at most 64)")
+    if ns.url and urlsplit(ns.url).scheme not in ("http", "https"):
+        errors.append(f"--url {ns.url!r}: give an http:// or https:// URL")
+    if ns.header and not ns.url:
+        errors.append("--header goes with --url (a command's server gets no HTTP headers)")
     if retry_window.total_seconds() <= 0:
         errors.append("--retry-window must be positive (e.g. 10m)")
     if errors:
         for e in errors:
-            print(f"exactcall mcp proxy: {e}", file=sys.stderr)
+            print(f"exactcall mcp {getattr(ns, 'mcp_command', 'proxy')}: {e}", file=sys.stderr)
         return 2
     return _serve(ns, connection, name, policy, retry_window)
 
@@ -126,17 +146,29 @@ async def _serve(
     except OSError as exc:
         print(f"exactcall mcp proxy: cannot write the audit file: {exc}", file=sys.stderr)
         return 2
-    proxy = Proxy(name, ns.server_command, policy, audit, connection, ns, retry_window)
-    return await proxy.run()
+    proxy = Proxy(name, policy, audit, connection, ns, retry_window)
+    if getattr(ns, "mcp_command", "proxy") == "serve":
+        from ._proxy_serve import serve
+
+        return await serve(proxy, ns)
+    return await proxy.run_stdio(make_upstream(ns))
+
+
+def make_upstream(ns: argparse.Namespace) -> Upstream:
+    """The server a session talks to: ``--url`` (Streamable HTTP) or the command after --."""
+    if getattr(ns, "url", None):
+        return HttpUpstream(ns.url, dict(ns.header or []))
+    return Upstream(ns.server_command)
 
 
 class Proxy:
-    """One proxy process: the two streams, the intercepted calls, the Temporal side."""
+    """One proxy process: the Temporal side and its worker, the policy, the audit, and the
+    MCP client sessions it serves (one over stdio; one per HTTP session with ``mcp serve``),
+    each with its own upstream."""
 
     def __init__(
         self,
         name: str,
-        command: list[str],
         policy: Policy,
         audit: Audit,
         connection: Connection,
@@ -146,7 +178,6 @@ class Proxy:
         self.name = name
         self.policy = policy
         self.audit = audit
-        self.upstream = Upstream(command)
         self.temporal = Temporal(connection, name)
         self.caller = Caller(
             name,
@@ -156,105 +187,47 @@ class Proxy:
             cli_flags=lambda: self.temporal.cli_flags,
             progress=self._progress,
         )
-        self.stdio: ClientStdio | None = None
-        self._calls: dict[str, tuple[asyncio.Task[None], Call]] = {}
+        self.sessions: set[Session] = set()
         self._withdrawals: set[asyncio.Future[None]] = set()
-        self._closing = False
-        self._lists: set[str] = set()
-        self._passthrough: dict[str, tuple[float, str, str | None]] = {}
         self._listed: asyncio.Task[None] | None = None
 
-    async def run(self) -> int:
-        try:
-            await self.upstream.start()
-        except OSError as exc:
-            print(
-                f"exactcall mcp proxy: cannot start {self.upstream.command[0]!r}: {exc}",
-                file=sys.stderr,
-            )
-            return 2
-        self.stdio = ClientStdio(*claim_stdio())
+    def start(self) -> None:
+        """Start the Temporal side (in the background: a client's handshake never waits)."""
         bind_executor(self._execute)
         self.temporal.start()
         log.info("mcp_proxy.started", server=self.name, audit=str(self.audit.path))
-        pump = asyncio.create_task(self.upstream.pump(self._from_upstream))
-        reader = asyncio.create_task(self._from_client())
+
+    async def stop(self) -> None:
+        await self.temporal.stop()  # in-flight tool calls finish within its graceful shutdown
+        log.info("mcp_proxy.stopped", server=self.name)
+
+    async def run_stdio(self, upstream: Upstream) -> int:
+        """``exactcall mcp proxy``: one session, the client on this process's stdio."""
+        try:
+            await upstream.start()
+        except OSError as exc:
+            print(
+                f"exactcall mcp proxy: cannot start {upstream.command[0]!r}: {exc}",
+                file=sys.stderr,
+            )
+            return 2
+        stdio = ClientStdio(*claim_stdio())
+        session = Session(self, stdio, upstream)
+        self.start()
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):  # an MCP client's way to end a server
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-        stopped = asyncio.create_task(stop.wait())
-        await asyncio.wait({pump, reader, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        stopped.cancel()
-        return await self._shutdown(pump, reader)
+        ended = await session.run(stop)
+        await session.close(before_upstream=self.stop)
+        stdio.close()
+        return 1 if ended == "upstream" and upstream.failed() else 0
 
-    async def _shutdown(self, pump: asyncio.Task[None], reader: asyncio.Task[None]) -> int:
-        """Stop taking calls; let the calls in flight finish and be answered (bounded); the
-        rest get no answer (their outcomes stay on Temporal: done, or unknown if cut off after
-        they were sent, for a later identical call), never a made-up failure."""
-        assert self.stdio is not None
-        self._closing = True
-        reader.cancel()
-        if pump.done():
-            log.warning(
-                "mcp_proxy.upstream_exited",
-                code=self.upstream.proc.returncode if self.upstream.proc else None,
-            )
-        if self._calls:
-            await asyncio.wait({t for t, _ in self._calls.values()}, timeout=DRAIN_TIMEOUT)
-        for task, call in list(self._calls.values()):
-            call.cancelled = True  # not answered: a retry gets its outcome
-            task.cancel()
-        await self.temporal.stop()  # in-flight tool calls finish within its graceful shutdown
-        code = await self.upstream.stop()
-        with contextlib.suppress(Exception):
-            await pump
-        self.stdio.close()
-        log.info("mcp_proxy.stopped", server=self.name)
-        return 0 if code in (0, None) or not pump.done() else 1
+    def _progress(self, call: Call, n: int, message: str) -> None:
+        session = call.origin
+        if isinstance(session, Session):
+            session.progress(call.progress_token, n, message)
 
-    # -- client -> upstream -----------------------------------------------------------------
-    async def _from_client(self) -> None:
-        assert self.stdio is not None
-        async for line in self.stdio.lines():
-            msg = parse(line)
-            if msg is not None:
-                self.upstream.note_client_message(msg)
-                try:
-                    if await self._take(msg):
-                        continue
-                except Exception as exc:  # the proxy's own fault: this request fails closed
-                    log.exception("mcp_proxy.internal_error", error=str(exc))
-                    if msg.get("method") == "tools/call" and msg.get("id") is not None:
-                        text = f"exactcall proxy: internal error ({exc}); the call was not sent"
-                        self.stdio.send(_result(msg["id"], tool_error(text, "failed")))
-                        continue
-            await self.upstream.send_line(line)
-
-    async def _take(self, msg: dict[str, Any]) -> bool:
-        """Note what a client message means; True when the proxy answers it itself."""
-        method, rid = msg.get("method"), msg.get("id")
-        if method == "tools/list" and rid is not None:
-            self._lists.add(_rid(rid))
-        elif method == "notifications/cancelled":
-            params = msg.get("params") or {}
-            entry = (
-                self._calls.get(_rid(params.get("requestId"))) if isinstance(params, dict) else None
-            )
-            if entry is not None:  # the server never saw this request id: not forwarded
-                self._cancel(entry[1])
-                return True
-        elif method == "tools/call" and rid is not None:
-            call = await self._intercept(msg)
-            if call is None:
-                return False
-            key = _rid(rid)
-            task = asyncio.create_task(self._handle(call))
-            self._calls[key] = (task, call)
-            task.add_done_callback(lambda _t: self._calls.pop(key, None))
-            return True
-        return False
-
-    def _cancel(self, call: Call) -> None:
+    def withdraw(self, call: Call) -> None:
         """The client cancelled ``call``: it gets no response; its workflow is told, and
         cancels the call when no other caller waits for it."""
         call.cancelled = True
@@ -267,101 +240,24 @@ class Proxy:
         self._withdrawals.add(task)
         task.add_done_callback(self._withdrawals.discard)
 
-    async def _intercept(self, msg: dict[str, Any]) -> Call | None:
-        """The write call in ``msg``, or None when it passes through (noted for the audit)."""
-        params = msg.get("params")
-        if not isinstance(params, dict) or not isinstance(params.get("name"), str):
-            return None
-        tool, arguments = params["name"], params.get("arguments") or {}
-        if self.policy.needs_listing(tool):
-            await self._learn_tools()
-        decision = self.policy.decide(tool)
-        if decision.action == "pass" or not isinstance(arguments, dict):
-            self._passthrough[_rid(msg["id"])] = (
-                time.monotonic(),
-                tool,
-                _hash_or_none(self.name, tool, arguments),
-            )
-            return None
-        meta = params.get("_meta")
-        return Call(
-            request_id=msg["id"],
-            tool=tool,
-            arguments=arguments,
-            extra={k: v for k, v in params.items() if k not in ("name", "arguments", "_meta")},
-            meta=meta if isinstance(meta, dict) else {},
-            approval=decision.action == "approve",
-            window=decision.window,
-        )
-
-    async def _learn_tools(self) -> None:
+    async def learn_tools(self, upstream: Upstream) -> None:
         """With --trusted, list the tools once (the proxy's own request) to read their hints."""
-        if self._listed is None:
-            self._listed = asyncio.create_task(self._list_all())
+        if self._listed is None or (self._listed.done() and self._listed.exception()):
+            self._listed = asyncio.create_task(self._list_all(upstream))
         with contextlib.suppress(Exception):
             await asyncio.wait_for(asyncio.shield(self._listed), 10)
 
-    async def _list_all(self) -> None:
+    async def _list_all(self, upstream: Upstream) -> None:
         cursor: Any = None
         for _ in range(100):
             params = {"cursor": cursor} if cursor else {}
-            result = await self.upstream.request(
-                "tools/list", self.upstream.with_envelope(params, {})
-            )
+            result = await upstream.request("tools/list", upstream.with_envelope(params, {}))
             self.policy.learn(result)
             cursor = result.get("nextCursor")
             if not cursor:
                 return
 
-    # -- upstream -> client -----------------------------------------------------------------
-    def _from_upstream(self, line: bytes, msg: dict[str, Any] | None) -> None:
-        assert self.stdio is not None
-        if msg is not None and "method" not in msg and "id" in msg:
-            self.upstream.note_server_message(msg)
-            rid = _rid(msg["id"])
-            if rid in self._lists:
-                self._lists.discard(rid)
-                self.policy.learn(msg.get("result"))
-            seen = self._passthrough.pop(rid, None)
-            if seen is not None:
-                t0, tool, h = seen
-                outcome = "passthrough" if "result" in msg else "failed"
-                self.audit.write(self.name, tool, h, outcome, (time.monotonic() - t0) * 1000)
-        self.stdio.send_line(line)
-
-    def _progress(self, token: Any, n: int, message: str) -> None:
-        if token is None or self.stdio is None:
-            return
-        params = {"progressToken": token, "progress": n, "message": message}
-        self.stdio.send({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})
-
-    # -- an intercepted call ----------------------------------------------------------------
-    async def _handle(self, call: Call) -> None:
-        assert self.stdio is not None
-        t0 = time.monotonic()
-        try:
-            reply = await self._reply(call)
-        except asyncio.CancelledError:
-            self.audit.write(
-                self.name, call.tool, None, "cancelled", (time.monotonic() - t0) * 1000
-            )
-            raise
-        ms = (time.monotonic() - t0) * 1000
-        ids = {"workflow_id": reply.workflow_id, "step": reply.step}
-        if call.cancelled:  # MCP: a cancelled request gets no response
-            self.audit.write(
-                self.name, call.tool, reply.args_hash, "cancelled", ms, then=reply.outcome, **ids
-            )
-            return
-        written = None
-        # once the client closed its end (or we were told to stop), an answer may be written
-        # into a pipe nobody reads: it is not counted as delivered, so a retry still gets it
-        if reply.deliver is not None and reply.workflow_id is not None and not self._closing:
-            written = self.caller.delivering(self.temporal.client, reply.workflow_id, reply.deliver)
-        self.stdio.send(_result(call.request_id, reply.result), written)
-        self.audit.write(self.name, call.tool, reply.args_hash, reply.outcome, ms, **ids)
-
-    async def _reply(self, call: Call) -> Reply:
+    async def reply(self, call: Call) -> Reply:
         try:
             client = await self.temporal.client()
         except Exception as exc:
@@ -381,29 +277,47 @@ class Proxy:
             )
             return Reply(tool_error(text, "unknown"), "unknown")
 
+    def _upstream_for(self, workflow_id: str) -> Upstream | None:
+        """The upstream a call goes to: its client session's, or (that session has ended, or
+        the call was started by another proxy) any session's that is open."""
+        origin = self.caller.origins.get(workflow_id)
+        if isinstance(origin, Session) and origin in self.sessions and origin.upstream.open:
+            return origin.upstream
+        open_ = [s.upstream for s in self.sessions if s.upstream.open]
+        ready = [u for u in open_ if u.ready.is_set()]
+        return (ready or open_ or [None])[0]
+
     async def _execute(
         self, server: str, tool: str, arguments: dict[str, Any], extra: dict[str, Any], key: str
     ) -> dict[str, Any]:
-        """The tool activity's body: send the call to this process's upstream server."""
+        """The tool activity's body: send the call to an upstream of this process."""
         if server != self.name:
             raise exactcall.NotExecuted(f"this proxy serves {self.name!r}, not {server!r}")
+        wid = activity.info().workflow_id
+        upstream = self._upstream_for(wid)
+        if upstream is None:
+            raise exactcall.NotExecuted(
+                "no MCP client session is open on this proxy; nothing was sent"
+            )
         try:
-            await asyncio.wait_for(self.upstream.ready.wait(), READY_TIMEOUT)
+            await asyncio.wait_for(upstream.ready.wait(), READY_TIMEOUT)
         except TimeoutError:
             raise exactcall.NotExecuted(
                 "no MCP client session is open on this proxy yet; nothing was sent"
             ) from None
         except asyncio.CancelledError:
             raise exactcall.NotExecuted("cancelled before it was sent") from None
-        if self.upstream.gone.is_set():
+        if upstream.gone.is_set():
             raise exactcall.NotExecuted("the upstream MCP server has exited; nothing was sent")
-        client_meta = self.caller.metas.get(activity.info().workflow_id, {})
-        params = self.upstream.with_envelope(
+        client_meta = self.caller.metas.get(wid, {})
+        params = upstream.with_envelope(
             {"name": tool, "arguments": arguments, **extra}, {**client_meta, KEY_META: key}
         )
         activity.logger.info("mcp_proxy.sending %s", tool)
         try:
-            result = await self.upstream.request("tools/call", params, cancel_grace=CANCEL_GRACE)
+            result = await upstream.request("tools/call", params, cancel_grace=CANCEL_GRACE)
+        except UpstreamNotSent as err:
+            raise exactcall.NotExecuted(str(err)) from None
         except UpstreamCancelled as err:
             raise RuntimeError(str(err)) from None  # outcome unknown
         except UpstreamError as err:
@@ -414,6 +328,182 @@ class Proxy:
         if result.get("isError") and isinstance(meta, dict) and meta.get(NOT_EXECUTED_META) is True:
             raise exactcall.NotExecuted(f"the server says it did not run it: {_text(result)}")
         return result
+
+
+class Session:
+    """One MCP client session: its client side (stdio, or one HTTP session), its upstream,
+    and the calls it took over."""
+
+    def __init__(self, proxy: Proxy, client: ClientSide, upstream: Upstream) -> None:
+        self.proxy = proxy
+        self.client = client
+        self.upstream = upstream
+        self._calls: dict[str, tuple[asyncio.Task[None], Call]] = {}
+        self._closing = False
+        self._lists: set[str] = set()
+        self._passthrough: dict[str, tuple[float, str, str | None]] = {}
+        self._pump: asyncio.Task[None] | None = None
+        self._reader: asyncio.Task[None] | None = None
+
+    async def run(self, stop: asyncio.Event | None = None) -> str:
+        """Forward both ways until the client ends the session ("client"), the upstream goes
+        away ("upstream"), or ``stop`` is set ("stop"). The upstream is started."""
+        self.proxy.sessions.add(self)
+        self._pump = asyncio.create_task(self.upstream.pump(self._from_upstream))
+        self._reader = asyncio.create_task(self._from_client())
+        waits: set[asyncio.Future[Any]] = {self._pump, self._reader}
+        stopped = asyncio.ensure_future(stop.wait()) if stop is not None else None
+        if stopped is not None:
+            waits.add(stopped)
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        if stopped is not None:
+            stopped.cancel()
+        if self._pump.done():
+            return "upstream"
+        return "client" if self._reader.done() else "stop"
+
+    async def close(self, before_upstream: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Stop taking calls; let the calls in flight finish and be answered (bounded); the
+        rest get no answer (their outcomes stay on Temporal: done, or unknown if cut off after
+        they were sent, for a later identical call), never a made-up failure."""
+        self._closing = True
+        if self._reader is not None:
+            self._reader.cancel()
+        if self._pump is not None and self._pump.done():
+            log.warning("mcp_proxy.upstream_exited", code=self.upstream.exit_code())
+        if self._calls:
+            await asyncio.wait({t for t, _ in self._calls.values()}, timeout=DRAIN_TIMEOUT)
+        for task, call in list(self._calls.values()):
+            call.cancelled = True  # not answered: a retry gets its outcome
+            task.cancel()
+        if before_upstream is not None:
+            await before_upstream()
+        self.proxy.sessions.discard(self)
+        await self.upstream.stop()
+        if self._pump is not None:
+            with contextlib.suppress(Exception):
+                await self._pump
+
+    # -- client -> upstream -----------------------------------------------------------------
+    async def _from_client(self) -> None:
+        async for line in self.client.lines():
+            msg = parse(line)
+            if msg is not None:
+                self.upstream.note_client_message(msg)
+                try:
+                    if await self._take(msg):
+                        continue
+                except Exception as exc:  # the proxy's own fault: this request fails closed
+                    log.exception("mcp_proxy.internal_error", error=str(exc))
+                    if msg.get("method") == "tools/call" and msg.get("id") is not None:
+                        text = f"exactcall proxy: internal error ({exc}); the call was not sent"
+                        self.client.send(_result(msg["id"], tool_error(text, "failed")))
+                        continue
+            await self.upstream.send_line(line)
+
+    async def _take(self, msg: dict[str, Any]) -> bool:
+        """Note what a client message means; True when the proxy answers it itself."""
+        method, rid = msg.get("method"), msg.get("id")
+        if method == "tools/list" and rid is not None:
+            self._lists.add(_rid(rid))
+        elif method == "notifications/cancelled":
+            params = msg.get("params") or {}
+            entry = (
+                self._calls.get(_rid(params.get("requestId"))) if isinstance(params, dict) else None
+            )
+            if entry is not None:  # the server never saw this request id: not forwarded
+                self.proxy.withdraw(entry[1])
+                return True
+        elif method == "tools/call" and rid is not None:
+            call = await self._intercept(msg)
+            if call is None:
+                return False
+            key = _rid(rid)
+            task = asyncio.create_task(self._handle(call))
+            self._calls[key] = (task, call)
+            task.add_done_callback(lambda _t: self._calls.pop(key, None))
+            return True
+        return False
+
+    async def _intercept(self, msg: dict[str, Any]) -> Call | None:
+        """The write call in ``msg``, or None when it passes through (noted for the audit)."""
+        params = msg.get("params")
+        if not isinstance(params, dict) or not isinstance(params.get("name"), str):
+            return None
+        policy = self.proxy.policy
+        tool, arguments = params["name"], params.get("arguments") or {}
+        if policy.needs_listing(tool):
+            await self.proxy.learn_tools(self.upstream)
+        decision = policy.decide(tool)
+        if decision.action == "pass" or not isinstance(arguments, dict):
+            self._passthrough[_rid(msg["id"])] = (
+                time.monotonic(),
+                tool,
+                _hash_or_none(self.proxy.name, tool, arguments),
+            )
+            return None
+        meta = params.get("_meta")
+        return Call(
+            request_id=msg["id"],
+            tool=tool,
+            arguments=arguments,
+            extra={k: v for k, v in params.items() if k not in ("name", "arguments", "_meta")},
+            meta=meta if isinstance(meta, dict) else {},
+            approval=decision.action == "approve",
+            window=decision.window,
+            origin=self,
+        )
+
+    # -- upstream -> client -----------------------------------------------------------------
+    def _from_upstream(self, line: bytes, msg: dict[str, Any] | None) -> None:
+        if msg is not None and "method" not in msg and "id" in msg:
+            self.upstream.note_server_message(msg)
+            rid = _rid(msg["id"])
+            if rid in self._lists:
+                self._lists.discard(rid)
+                self.proxy.policy.learn(msg.get("result"))
+            seen = self._passthrough.pop(rid, None)
+            if seen is not None:
+                t0, tool, h = seen
+                outcome = "passthrough" if "result" in msg else "failed"
+                self.proxy.audit.write(
+                    self.proxy.name, tool, h, outcome, (time.monotonic() - t0) * 1000
+                )
+        self.client.send_line(line)
+
+    def progress(self, token: Any, n: int, message: str) -> None:
+        if token is None:
+            return
+        params = {"progressToken": token, "progress": n, "message": message}
+        self.client.send({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})
+
+    # -- an intercepted call ----------------------------------------------------------------
+    async def _handle(self, call: Call) -> None:
+        proxy = self.proxy
+        t0 = time.monotonic()
+        try:
+            reply = await proxy.reply(call)
+        except asyncio.CancelledError:
+            proxy.audit.write(
+                proxy.name, call.tool, None, "cancelled", (time.monotonic() - t0) * 1000
+            )
+            raise
+        ms = (time.monotonic() - t0) * 1000
+        ids = {"workflow_id": reply.workflow_id, "step": reply.step}
+        if call.cancelled:  # MCP: a cancelled request gets no response
+            proxy.audit.write(
+                proxy.name, call.tool, reply.args_hash, "cancelled", ms, then=reply.outcome, **ids
+            )
+            return
+        written = None
+        # once the client closed its end (or we were told to stop), an answer may be written
+        # into a pipe nobody reads: it is not counted as delivered, so a retry still gets it
+        if reply.deliver is not None and reply.workflow_id is not None and not self._closing:
+            written = proxy.caller.delivering(
+                proxy.temporal.client, reply.workflow_id, reply.deliver
+            )
+        self.client.send(_result(call.request_id, reply.result), written)
+        proxy.audit.write(proxy.name, call.tool, reply.args_hash, reply.outcome, ms, **ids)
 
 
 def _result(request_id: Any, result: dict[str, Any]) -> dict[str, Any]:

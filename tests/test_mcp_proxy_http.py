@@ -50,8 +50,9 @@ def lines(effects: Path, tool: str) -> list[str]:
 
 
 # -- exactcall mcp proxy --url ----------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
 async def test_url_proxy_runs_writes_once_passes_reads_and_sends_the_headers(
-    server: DevServer, tmp_path: Path
+    server: DevServer, tmp_path: Path, mode: str
 ) -> None:
     effects = tmp_path / "http.effects"
     env = {"EXACTCALL_TEST_TOKEN": "s3cret"}

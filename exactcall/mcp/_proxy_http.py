@@ -18,8 +18,10 @@ re-sent: it goes to reconciliation, as with a stdio server that died mid-call.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
+import re
 from typing import Any
 
 import httpx2
@@ -37,6 +39,18 @@ VERSION_META = "io.modelcontextprotocol/protocolVersion"
 TIMEOUT = httpx2.Timeout(connect=10.0, read=None, write=30.0, pool=30.0)
 """No read timeout: a tool may take long, and its activity's heartbeat says it is alive."""
 GET_RETRIES = 5
+NAMED = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
+"""Methods whose ``Mcp-Name`` header mirrors this parameter (2026-07-28)."""
+_SAFE = re.compile(r"^[\x20-\x7E]*$")
+_SENTINEL = re.compile(r"^=\?base64\?.*\?=$")
+
+
+def header_value(value: str) -> str:
+    """A header value as MCP carries it: printable ASCII as is, anything else base64 in the
+    ``=?base64?...?=`` sentinel."""
+    if _SAFE.fullmatch(value) and value == value.strip() and not _SENTINEL.fullmatch(value):
+        return value
+    return f"=?base64?{base64.b64encode(value.encode()).decode('ascii')}?="
 
 
 class HttpUpstream(Upstream):
@@ -92,6 +106,13 @@ class HttpUpstream(Upstream):
         if isinstance(version, str) and not (msg and msg.get("method") == "initialize"):
             headers[VERSION_HEADER] = version
             self._version = version
+        method = msg.get("method") if msg else None
+        if isinstance(method, str) and isinstance(meta, dict) and VERSION_META in meta:
+            # the 2026-07-28 wire: routing headers that mirror the body (checked by servers)
+            headers["mcp-method"] = method
+            name = params.get(NAMED.get(method, "")) if isinstance(params, dict) else None
+            if isinstance(name, str):
+                headers["mcp-name"] = header_value(name)
         return headers
 
     async def send_line(self, line: bytes) -> None:
@@ -206,7 +227,11 @@ class HttpUpstream(Upstream):
             body = await response.aread()
             error = parse(body) if ctype == "application/json" else None
             if error is not None and isinstance(error.get("error"), dict):
-                self._deliver({"jsonrpc": "2.0", "id": rid, "error": error["error"]})
+                err = dict(error["error"])
+                data = err.get("data")
+                if status < 500 and self._own(rid) and (data is None or isinstance(data, dict)):
+                    err["data"] = {**(data or {}), NOT_SENT_DATA: True}  # refused: it did not run
+                self._deliver({"jsonrpc": "2.0", "id": rid, "error": err})
                 return
             ended = status == 404 and self.session_id is not None
             why = "the server no longer knows this session" if ended else f"HTTP {status}"
@@ -230,6 +255,10 @@ class HttpUpstream(Upstream):
             if msg is not None and "method" not in msg and msg.get("id") == rid:
                 return
         self._error(rid, f"{self.url} closed the stream before answering; outcome unknown")
+
+    def _own(self, rid: Any) -> bool:
+        """Whether ``rid`` is one of the proxy's own requests (a client's errors pass as sent)."""
+        return isinstance(rid, str) and rid in self._pending
 
     def _error(self, rid: Any, text: str, not_sent: bool = False, code: int = -32000) -> None:
         error: dict[str, Any] = {"code": code, "message": f"exactcall proxy: {text}"}

@@ -187,8 +187,9 @@ def serving(
 
 
 @contextlib.asynccontextmanager
-async def http_client(url: str) -> AsyncIterator[Client]:
-    async with Client(streamable_http_client(url), read_timeout_seconds=READ_TIMEOUT) as c:
+async def http_client(url: str, mode: str = "auto") -> AsyncIterator[Client]:
+    transport = streamable_http_client(url)
+    async with Client(transport, mode=mode, read_timeout_seconds=READ_TIMEOUT) as c:  # type: ignore[arg-type]
         yield c
 
 
@@ -196,9 +197,11 @@ def count(effects: Path, tool: str, arg: str | None = None) -> int:
     return Proxied(None, effects, Path(), "").count(tool, arg)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("upstream", ["command", "url"])
+@pytest.mark.parametrize(
+    ("upstream", "mode"), [("command", "legacy"), ("url", "legacy"), ("command", "2026-07-28")]
+)
 async def test_serve_gives_http_clients_the_proxy_guarantees(
-    server: DevServer, tmp_path: Path, upstream: str
+    server: DevServer, tmp_path: Path, upstream: str, mode: str
 ) -> None:
     effects = tmp_path / "served.effects"
     with contextlib.ExitStack() as stack:
@@ -206,7 +209,8 @@ async def test_serve_gives_http_clients_the_proxy_guarantees(
         if upstream == "url":
             url, _ = stack.enter_context(http_effects(effects))
         endpoint, proc, name = stack.enter_context(serving(tmp_path, server.address, effects, url))
-        async with http_client(endpoint) as one, http_client(endpoint) as two:
+        async with http_client(endpoint, mode) as one, http_client(endpoint, mode) as two:
+            assert one.protocol_version == ("2025-11-25" if mode == "legacy" else mode)
             for line in ("a", "b", "a"):
                 result = await one.call_tool("append", {"line": line})
                 assert not result.is_error and DEDUP not in meta(result)
@@ -229,7 +233,7 @@ async def test_serve_gives_http_clients_the_proxy_guarantees(
         "deduplicated",
         "executed",
     ]
-    if upstream == "command":  # each client session had its own server process, now gone
+    if upstream == "command":  # the (last) server process the sessions had is gone
         pids = Path(f"{effects}.pid").read_text().split()
         assert not Path(f"/proc/{pids[0]}").exists()
 
@@ -288,6 +292,49 @@ async def test_serve_keeps_an_answer_that_reached_no_client_for_the_retry(
         for r in (tmp_path / f"{name}.audit.jsonl").read_text().splitlines()
     ]
     assert outcomes.count("executed") == 2 and outcomes.count("deduplicated") == 1
+
+
+async def test_serve_2026_client_closing_its_stream_cancels_and_the_retry_does_not_rerun(
+    server: DevServer, tmp_path: Path
+) -> None:
+    """On the 2026-07-28 wire a client cancels by closing the request's stream: the write it
+    cut off after it was sent is recorded (or unknown) and never sent again by a retry."""
+    effects = tmp_path / "cut.effects"
+    args = {"line": "k", "seconds": 1.0}
+    envelope = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    call = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "slow_append", "arguments": args, "_meta": envelope},
+    }
+    headers = {
+        "accept": "application/json, text/event-stream",
+        "mcp-protocol-version": "2026-07-28",
+        "mcp-method": "tools/call",
+        "mcp-name": "slow_append",
+    }
+    with serving(tmp_path, server.address, effects) as (endpoint, _, name):
+        async with (
+            httpx2.AsyncClient(timeout=30) as http,
+            http.stream("POST", endpoint, json=call, headers=headers) as response,
+        ):
+            assert response.status_code == 200 and "mcp-session-id" not in response.headers
+            await eventually(Path(f"{effects}.started").exists)
+        await asyncio.sleep(args["seconds"] + 4)  # the server's grace after the cancel
+        ran = count(effects, "slow_append")
+        async with http_client(endpoint, "2026-07-28") as retry:
+            again = await retry.call_tool("slow_append", args)
+        await asyncio.sleep(args["seconds"] + 0.5)
+    assert ran <= 1 and count(effects, "slow_append") == ran  # the retry sent nothing
+    # cut off after it was sent, the server did not answer the cancel: unknown, not re-sent
+    assert again.is_error and meta(again)[OUTCOME] == "unknown"
+    assert "not sent again" in text(again) and "cancelled after it was sent" in text(again)
+    rows = [json.loads(r) for r in (tmp_path / f"{name}.audit.jsonl").read_text().splitlines()]
+    assert rows[0]["outcome"] == "cancelled"
 
 
 async def test_serve_refuses_foreign_origins_and_unknown_sessions(

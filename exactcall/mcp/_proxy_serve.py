@@ -11,7 +11,10 @@ with its response; a ``POST`` of a notification or response gets ``202``; ``GET`
 session's stream for what the server sends on its own (until one is open, that goes to the
 newest open request stream, or waits); ``DELETE`` ends the session. A write's answer counts as
 delivered only once it was written to its stream while the client was connected: an answer
-whose client went away first is kept for the retry, as with stdio. Requests whose ``Origin``
+whose client went away first is kept for the retry, as with stdio. A 2026-07-28 request (no
+session: the protocol version is in its ``_meta``) goes to one session all such requests share,
+with their ids made unique; closing its stream before the answer cancels it, as that protocol
+says. Requests whose ``Origin``
 is not local are refused (a web page cannot drive the proxy through the user's browser) unless
 given with ``--allow-origin``.
 """
@@ -43,6 +46,7 @@ BODY_LIMIT = 64 * 1024 * 1024
 BACKLOG = 1000
 """Messages the server sent on its own, kept while no stream of the session is open."""
 SESSION_HEADER = b"mcp-session-id"
+VERSION_META = "io.modelcontextprotocol/protocolVersion"
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "[::1]"}
 
 Written = Callable[[bool], None] | None
@@ -51,8 +55,13 @@ Written = Callable[[bool], None] | None
 class HttpClient:
     """One HTTP client session, as the proxy's :class:`~._proxy_stdio.ClientSide`."""
 
-    def __init__(self, session_id: str) -> None:
+    def __init__(self, session_id: str, stateless: bool = False) -> None:
         self.session_id = session_id
+        self.stateless = stateless
+        """The 2026-07-28 wire: no session; every client's requests share this one, so their
+        ids are made unique on the way in and given back on the way out."""
+        self._ids: dict[str, Any] = {}
+        self._count = 0
         self._inbox: asyncio.Queue[bytes] = asyncio.Queue()
         self._posts: dict[str, asyncio.Queue[tuple[bytes, Written, bool]]] = {}
         self._tokens: dict[str, str] = {}
@@ -64,9 +73,17 @@ class HttpClient:
         while line := await self._inbox.get():
             yield line
 
-    def feed(self, line: bytes, msg: dict[str, Any]) -> asyncio.Queue[Any] | None:
-        """A message the client POSTed; for a request, the queue its stream reads."""
+    def feed(self, line: bytes, msg: dict[str, Any]) -> tuple[asyncio.Queue[Any] | None, str]:
+        """A message the client POSTed; for a request, the queue its stream reads (and the
+        request's id as the session knows it)."""
         queue: asyncio.Queue[Any] | None = None
+        rid = ""
+        if "method" in msg and "id" in msg and self.stateless:
+            self._count += 1
+            unique = f"{self.session_id}-{self._count}"
+            self._ids[_rid(unique)] = msg["id"]
+            msg = {**msg, "id": unique}
+            line = encode(msg)
         if "method" in msg and "id" in msg:
             rid = _rid(msg["id"])
             queue = self._posts[rid] = asyncio.Queue()
@@ -76,10 +93,17 @@ class HttpClient:
             if token is not None:
                 self._tokens[_rid(token)] = rid
         self._inbox.put_nowait(line if line.endswith(b"\n") else line + b"\n")
-        return queue
+        return queue, rid
+
+    def cancel(self, rid: str) -> None:
+        """The 2026-07-28 wire's cancel: the client closed the request's stream first."""
+        note = {"jsonrpc": "2.0", "method": "notifications/cancelled"}
+        note["params"] = {"requestId": json.loads(rid), "reason": "the client closed the stream"}
+        self._inbox.put_nowait(encode(note))
 
     def closed_post(self, rid: str) -> None:
         queue = self._posts.pop(rid, None)
+        self._ids.pop(rid, None)
         self._tokens = {t: r for t, r in self._tokens.items() if r != rid}
         while queue is not None and not queue.empty():
             _, written, _ = queue.get_nowait()
@@ -110,10 +134,13 @@ class HttpClient:
     def send_line(self, line: bytes, written: Written = None) -> None:
         msg = parse(line)
         if msg is not None and "method" not in msg and "id" in msg:  # an answer: its stream
-            queue = self._posts.get(_rid(msg["id"]))
+            rid = _rid(msg["id"])
+            queue = self._posts.get(rid)
             if queue is None:
                 _tell(written, False)  # its client went away: not delivered
             else:
+                if rid in self._ids:  # the id its client gave
+                    line = encode({**msg, "id": self._ids[rid]})
                 queue.put_nowait((line, written, True))
             return
         target = None
@@ -150,16 +177,18 @@ class HttpServe:
         self.allow_origins = set(allow_origins)
         self.sessions: dict[str, tuple[Session, HttpClient, asyncio.Task[None]]] = {}
         self.closing = False
+        self._stateless_sid: str | None = None
+        self._stateless_lock = asyncio.Lock()
 
     # -- sessions ---------------------------------------------------------------------------
-    async def _open(self) -> tuple[HttpClient, str | None]:
+    async def _open(self, stateless: bool = False) -> tuple[HttpClient, str | None]:
         sid = uuid.uuid4().hex
         upstream = make_upstream(self.ns)
         try:
             await upstream.start()
         except OSError as exc:
             return HttpClient(sid), f"cannot start {upstream.command[0]!r}: {exc}"
-        client = HttpClient(sid)
+        client = HttpClient(sid, stateless)
         session = Session(self.proxy, client, upstream)
         task = asyncio.create_task(self._run(sid, session, client))
         self.sessions[sid] = (session, client, task)
@@ -230,7 +259,12 @@ class HttpServe:
         if self.closing:
             await _error(send, 503, msg.get("id"), -32000, "the proxy is shutting down")
             return
-        if sid is None:
+        if sid is None and msg.get("method") != "initialize" and _enveloped(msg):
+            client, failed = await self._stateless()
+            if failed is not None:
+                await _error(send, 502, msg.get("id"), -32603, f"exactcall proxy: {failed}")
+                return
+        elif sid is None:
             if msg.get("method") != "initialize":
                 text = "no Mcp-Session-Id: send initialize first to open a session"
                 await _error(send, 400, msg.get("id"), -32600, text)
@@ -247,15 +281,28 @@ class HttpServe:
                 return
             client = entry[1]
         raw = body.strip()  # forwarded as it came, unless it spans lines
-        queue = client.feed(raw if b"\n" not in raw else encode(msg), msg)
+        queue, rid = client.feed(raw if b"\n" not in raw else encode(msg), msg)
         if queue is None:
             await send({"type": "http.response.start", "status": 202, "headers": _sid(client)})
             await send({"type": "http.response.body", "body": b""})
             return
+        answered = False
         try:
-            await _stream(send, receive, queue, client)
+            answered = await _stream(send, receive, queue, client)
         finally:
-            client.closed_post(_rid(msg["id"]))
+            client.closed_post(rid)
+            if not answered and client.stateless and not client.ended.is_set():
+                client.cancel(rid)
+
+    async def _stateless(self) -> tuple[HttpClient, str | None]:
+        """The session every 2026-07-28 request without a session shares (one upstream)."""
+        async with self._stateless_lock:
+            entry = self.sessions.get(self._stateless_sid or "")
+            if entry is not None and not entry[1].ended.is_set():
+                return entry[1], None
+            client, failed = await self._open(stateless=True)
+            self._stateless_sid = client.session_id if failed is None else None
+            return client, failed
 
     async def _get(self, receive: Any, send: Any, sid: str | None) -> None:
         entry = self.sessions.get(sid or "")
@@ -270,9 +317,10 @@ class HttpServe:
             client.closed_get(queue)
 
 
-async def _stream(send: Any, receive: Any, queue: asyncio.Queue[Any], client: HttpClient) -> None:
-    """Server-sent events from ``queue`` until a final one, the client leaves, or the session
-    ends; each item's ``written(ok)`` says whether its client was still there."""
+async def _stream(send: Any, receive: Any, queue: asyncio.Queue[Any], client: HttpClient) -> bool:
+    """Server-sent events from ``queue`` until a final one (True once it was written to a
+    connected client), the client leaves, or the session ends; each item's ``written(ok)``
+    says whether its client was still there."""
     headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
     await send({"type": "http.response.start", "status": 200, "headers": headers + _sid(client)})
     gone = asyncio.Event()
@@ -290,10 +338,10 @@ async def _stream(send: Any, receive: Any, queue: asyncio.Queue[Any], client: Ht
             await asyncio.wait({getter, leaving}, return_when=asyncio.FIRST_COMPLETED)
             if not getter.done():
                 getter.cancel()
-                return
+                return False
             line, written, final = getter.result()
             if not line:  # the session ended, or a newer GET stream took over
-                return
+                return False
             event = b"event: message\ndata: " + line.rstrip(b"\r\n") + b"\n\n"
             try:
                 await send({"type": "http.response.body", "body": event, "more_body": True})
@@ -302,7 +350,7 @@ async def _stream(send: Any, receive: Any, queue: asyncio.Queue[Any], client: Ht
                 ok = False
             _tell(written, ok)
             if final or not ok:
-                return
+                return final and ok
     finally:
         watcher.cancel()
         leaving.cancel()
@@ -317,7 +365,14 @@ def _tell(written: Written, ok: bool) -> None:
 
 
 def _sid(client: HttpClient) -> list[tuple[bytes, bytes]]:
-    return [(SESSION_HEADER, client.session_id.encode())]
+    return [] if client.stateless else [(SESSION_HEADER, client.session_id.encode())]
+
+
+def _enveloped(msg: dict[str, Any]) -> bool:
+    """A 2026-07-28 request: its ``_meta`` carries the per-request protocol version."""
+    params = msg.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return isinstance(meta, dict) and VERSION_META in meta
 
 
 def _rid(value: Any) -> str:

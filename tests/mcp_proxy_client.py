@@ -24,6 +24,9 @@ from exactcall._server import free_port, port_open
 from exactcall.reconciliation import list_unresolved
 
 ROOT = Path(__file__).resolve().parent.parent
+DEDUP = "io.exactcall/deduplicated"
+"""The wire names the proxy's answers carry in ``_meta`` (spelled out: the tests pin them)."""
+OUTCOME = "io.exactcall/outcome"
 READ_TIMEOUT = 60.0  # no request to a proxy takes this long: fail, do not hang
 
 

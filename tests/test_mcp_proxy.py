@@ -29,6 +29,8 @@ from exactcall.mcp._proxy_temporal import is_configured
 from exactcall.mcp._proxy_workflow import PROXY_TOOL, proxy_tool
 from exactcall.mcp.proxy import derive_name
 from tests.mcp_proxy_client import (
+    DEDUP,
+    OUTCOME,
     alive,
     eventually,
     fresh,
@@ -41,9 +43,6 @@ from tests.mcp_proxy_client import (
     text,
 )
 from tests.mcp_proxy_servers import _answer
-
-DEDUP = "io.exactcall/deduplicated"
-OUTCOME = "io.exactcall/outcome"
 
 
 # -- identity, window, dedupe ---------------------------------------------------------------

@@ -26,6 +26,8 @@ from mcp.client.streamable_http import streamable_http_client
 from exactcall._cli import main as cli_main
 from exactcall._server import DevServer, free_port
 from tests.mcp_proxy_client import (
+    DEDUP,
+    OUTCOME,
     READ_TIMEOUT,
     ROOT,
     Proxied,
@@ -39,9 +41,6 @@ from tests.mcp_proxy_client import (
     text,
     wait_port,
 )
-
-DEDUP = "io.exactcall/deduplicated"
-OUTCOME = "io.exactcall/outcome"
 
 
 def lines(effects: Path, tool: str) -> list[str]:

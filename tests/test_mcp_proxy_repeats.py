@@ -21,6 +21,8 @@ from exactcall._cli import main as cli_main
 from exactcall._server import DevServer
 from exactcall.mcp._proxy_workflow import ApprovedProxyCall, ProxyCall
 from tests.mcp_proxy_client import (
+    DEDUP,
+    OUTCOME,
     eventually,
     fresh,
     meta,
@@ -31,8 +33,6 @@ from tests.mcp_proxy_client import (
     text,
 )
 
-DEDUP = "io.exactcall/deduplicated"
-OUTCOME = "io.exactcall/outcome"
 HISTORIES = Path(__file__).parent / "histories" / "mcp"
 
 

@@ -127,6 +127,13 @@ def run_proxy(ns: argparse.Namespace, connection: Connection) -> Any:
         errors.append("--header goes with --url (a command's server gets no HTTP headers)")
     if retry_window.total_seconds() <= 0:
         errors.append("--retry-window must be positive (e.g. 10m)")
+    if not errors and not ns.name:
+        print(
+            f"exactcall mcp {getattr(ns, 'mcp_command', 'proxy')}: serving as {name!r} (from the "
+            f"{'URL' if ns.url else 'command'}; give --name to keep it when that changes: the "
+            "retry, dedupe and unresolved state is per name)",
+            file=sys.stderr,
+        )
     if errors:
         for e in errors:
             print(f"exactcall mcp {getattr(ns, 'mcp_command', 'proxy')}: {e}", file=sys.stderr)

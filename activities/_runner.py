@@ -49,7 +49,7 @@ from exactcall._errors import (
     ResultNotSerializable,
 )
 from exactcall._metrics import observed_attempt
-from exactcall._model import Intent, Owner, RecordEvent, RecordState
+from exactcall._model import Intent, Owner, RecordEvent, RecordState, WireIntent
 from exactcall._tool import Tool
 from exactcall._verdicts import (
     RECONCILE_WORKFLOW,
@@ -73,13 +73,16 @@ REPORTED: Any = object()
 """An attempt's return value when it completed its activity itself (by task token)."""
 
 
-def tool_activity(t: Tool, *, run_claims: bool = True) -> Callable[[Intent], Awaitable[Any]]:
+def tool_activity(t: Tool, *, run_claims: bool = True) -> Callable[[WireIntent], Awaitable[Any]]:
     """The Temporal activity (named like the tool) that runs ``t`` under exactcall.
 
+    Its input is the call's intent in its wire form (an older full Intent reads the same).
     ``run_claims``: claim each workflow id once per run (``_runs``); False claims every call
     with a per-call record, as exactcall 0.1 did."""
 
-    async def run(intent: Intent) -> Any:
+    async def run(wire: WireIntent) -> Any:
+        info = activity.info()
+        intent = wire.complete(workflow_type=info.workflow_type or "", task_queue=info.task_queue)
         attempt = Attempt(t, intent, run_claims=run_claims)
         with observed_attempt(attempt):  # the call's outcome metric, and its span
             result = await attempt.run()

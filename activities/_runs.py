@@ -53,7 +53,7 @@ from temporalio.api.workflowservice.v1 import (
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from exactcall._model import Intent
+from exactcall._model import Intent, intent_from_input
 from exactcall._ui import claim_summary
 from exactcall._wire import RUN_CLAIM_WORKFLOW as RUN_CLAIM_WORKFLOW
 from exactcall._wire import run_claim_id as run_claim_id
@@ -341,11 +341,14 @@ async def _history(
     by_scheduled: dict[int, Chain] = {}
     events = 0
     handle = client.get_workflow_handle(workflow_id, run_id=run_id)
+    workflow_type = ""
     async for ev in handle.fetch_history_events():
         events += 1
         et = ev.event_type
         when = ev.event_time.ToDatetime().replace(tzinfo=UTC)
-        if et == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+        if et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
+            workflow_type = ev.workflow_execution_started_event_attributes.workflow_type.name
+        elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             attrs = ev.activity_task_scheduled_event_attributes
             payloads = attrs.input.payloads
             if len(payloads) != 1:
@@ -354,7 +357,13 @@ async def _history(
                 [raw] = await conv.decode(payloads)
             except Exception:
                 continue
-            if not isinstance(raw, dict) or "key" not in raw or "args_hash" not in raw:
+            if not isinstance(raw, dict) or "args_hash" not in raw:
+                continue
+            try:  # a tool activity's input, in either form (the key derived when left out)
+                full = intent_from_input(
+                    raw, workflow_type=workflow_type, task_queue=attrs.task_queue.name
+                )
+            except ValueError:
                 continue
             timeouts = [
                 t.ToTimedelta()
@@ -362,9 +371,9 @@ async def _history(
                 if t.seconds or t.nanos
             ]
             chain = Chain(
-                key=str(raw["key"]),
-                args_hash=str(raw["args_hash"]),
-                intent=raw,
+                key=full.key,
+                args_hash=full.args_hash,
+                intent=full.model_dump(mode="json"),
                 activity_id=attrs.activity_id,
                 scheduled_at=when,
                 min_timeout=min(timeouts) if timeouts else timedelta(0),

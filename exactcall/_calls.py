@@ -27,7 +27,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.converter import DataConverter
 from temporalio.exceptions import ApplicationError
 
-from ._model import Intent
+from ._model import Intent, intent_from_input
 from ._undo import UNDO_SUFFIX
 from ._wire import (
     DECIDE_SIGNAL,
@@ -146,7 +146,7 @@ async def calls_in_history(
             run_id = run_id or a.original_execution_run_id or None
         elif t == _ET.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             a = ev.activity_task_scheduled_event_attributes
-            intent = await _intent(conv, list(a.input.payloads))
+            intent = await _intent(conv, list(a.input.payloads), workflow_type, a.task_queue.name)
             if intent is not None:
                 acts[ev.event_id] = _Activity(intent, when, a.activity_id)
         elif t == _ET.EVENT_TYPE_ACTIVITY_TASK_STARTED:
@@ -370,12 +370,14 @@ def _latest_by_name(decisions: Iterable[tuple[datetime, dict[str, Any]]]) -> lis
     return list(out.values())
 
 
-async def _intent(conv: DataConverter, payloads: list[Payload]) -> Intent | None:
+async def _intent(
+    conv: DataConverter, payloads: list[Payload], workflow_type: str, task_queue: str
+) -> Intent | None:
     if len(payloads) != 1:
         return None
     try:
         [value] = await conv.decode(payloads)
-        return Intent.model_validate(value)
+        return intent_from_input(value, workflow_type=workflow_type, task_queue=task_queue)
     except Exception:
         return None
 

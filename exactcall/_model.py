@@ -10,9 +10,20 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
-__all__ = ["ApprovalGrant", "Intent", "Owner", "RecordEvent", "RecordInit", "RecordState"]
+from ._canonical import derive_key
+
+__all__ = [
+    "ApprovalGrant",
+    "Intent",
+    "Owner",
+    "RecordEvent",
+    "RecordInit",
+    "RecordState",
+    "WireIntent",
+    "intent_from_input",
+]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -52,6 +63,83 @@ class Intent(BaseModel):
     """Task queue of the calling workflow: exactcall's own workflows run there."""
     approval: ApprovalGrant | None = None
     """The approval this call runs under, when it needed one (checked again at the effect)."""
+
+    def wire(self, task_queue: str) -> WireIntent:
+        """This intent as the tool activity's input (written to history before any attempt):
+        without what the attempt and every reader of the history know from where it is (the
+        workflow type, the calling workflow's task queue when the activity is scheduled on it)
+        or can derive (the key)."""
+        own_queue = self.record_task_queue
+        return WireIntent(
+            tool=self.tool,
+            tool_version=self.tool_version,
+            args=self.args,
+            args_hash=self.args_hash,
+            namespace=self.namespace,
+            workflow_id=self.workflow_id,
+            step=self.step,
+            explicit_key=self.explicit_key,
+            record_task_queue=None if own_queue == task_queue else own_queue,
+            approval=self.approval,
+        )
+
+
+def intent_from_input(value: Any, *, workflow_type: str, task_queue: str) -> Intent:
+    """The Intent a tool activity's input (decoded, in either form) says: for readers of a
+    history (the scheduled event's task queue, the run's workflow type)."""
+    return WireIntent.model_validate(value).complete(
+        workflow_type=workflow_type, task_queue=task_queue
+    )
+
+
+class WireIntent(BaseModel):
+    """An :class:`Intent` as the tool activity's input. Inputs written by exactcall before
+    this form carry every field of an Intent, and read the same: what is set is used, what is
+    not comes from where the input is read (:meth:`complete`)."""
+
+    model_config = _FROZEN
+
+    tool: str
+    tool_version: str
+    args: dict[str, Any]
+    args_hash: str
+    namespace: str
+    workflow_id: str
+    step: str
+    explicit_key: bool = False
+    record_task_queue: str | None = None
+    """Left out when it is the task queue the activity was scheduled on."""
+    approval: ApprovalGrant | None = None
+    workflow_type: str | None = None
+    """Left out: the scheduling workflow's type (its attempt's info, its history's start)."""
+    key: str | None = None
+    """Left out: :func:`~exactcall._canonical.derive_key` of the rest."""
+
+    @model_serializer(mode="wrap")
+    def _compact(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out: dict[str, Any] = handler(self)
+        return {k: v for k, v in out.items() if v is not None and (k != "explicit_key" or v)}
+
+    def complete(self, *, workflow_type: str, task_queue: str) -> Intent:
+        """The Intent, with what the input leaves out taken from where it is read: the type
+        of the workflow that scheduled it, and the task queue the activity was scheduled on."""
+        key = self.key or derive_key(
+            self.namespace, self.workflow_id, self.step, self.tool, self.tool_version
+        )
+        return Intent(
+            tool=self.tool,
+            tool_version=self.tool_version,
+            args=self.args,
+            args_hash=self.args_hash,
+            namespace=self.namespace,
+            workflow_id=self.workflow_id,
+            workflow_type=self.workflow_type or workflow_type,
+            step=self.step,
+            key=key,
+            explicit_key=self.explicit_key,
+            record_task_queue=self.record_task_queue or task_queue,
+            approval=self.approval,
+        )
 
 
 class Owner(BaseModel):

@@ -30,7 +30,7 @@ from temporalio.worker import (
 
 from ._calls import RunCall, calls_in_history
 from ._errors import ExactcallError, UnknownTool, register_error
-from ._model import Intent
+from ._model import Intent, WireIntent
 from ._replay import arg_differences, change_text, load_history
 from ._tool import get_tool
 
@@ -189,6 +189,10 @@ class _Inbound(ActivityInboundInterceptor):
 
     async def execute_activity(self, input: ExecuteActivityInput) -> Any:
         intent = input.args[0] if len(input.args) == 1 else None
+        if isinstance(intent, WireIntent):  # a tool activity's input: the intent, completed
+            info = activity.info()
+            workflow_type = info.workflow_type or ""
+            intent = intent.complete(workflow_type=workflow_type, task_queue=info.task_queue)
         if not isinstance(intent, Intent) or not self._guarded(intent):
             return await super().execute_activity(input)
         if intent.tool != activity.info().activity_type:

@@ -30,7 +30,7 @@ from temporalio.worker import (
     WorkflowOutboundInterceptor,
 )
 
-from ._model import Intent
+from ._model import Intent, WireIntent, intent_from_input
 from ._tool import registered_tools
 
 __all__ = ["ReplayReport", "load_history", "recorded_intents", "replay_histories"]
@@ -72,7 +72,10 @@ async def recorded_intents(
     ``problems`` when given, else logged as ``replay.intent_undecodable``; never hidden."""
     out: list[Intent] = []
     tools = {t.name for t in registered_tools()}
+    workflow_type = ""
     for ev in history.events:
+        if ev.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
+            workflow_type = ev.workflow_execution_started_event_attributes.workflow_type.name
         if ev.event_type != EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             continue
         attrs = ev.activity_task_scheduled_event_attributes
@@ -84,7 +87,9 @@ async def recorded_intents(
             # decoded without a type hint, then validated: a converter with a lenient fallback
             # (the OpenAI Agents SDK's) would "decode" any activity input as an Intent
             [value] = await conv.decode(payloads)
-            intent = Intent.model_validate(value)
+            intent = intent_from_input(
+                value, workflow_type=workflow_type, task_queue=attrs.task_queue.name
+            )
         except Exception as exc:
             if looks is None:
                 continue  # a plain Temporal activity
@@ -105,7 +110,7 @@ async def recorded_intents(
     return out
 
 
-_INTENT_FIELDS = frozenset({"args_hash", "key", "tool", "step", "tool_version"})
+_INTENT_FIELDS = frozenset({"args_hash", "key", "tool", "step", "tool_version", "workflow_id"})
 
 
 def _looks_like_a_call(activity_type: str, payloads: Sequence[Any], tools: set[str]) -> str | None:
@@ -154,8 +159,13 @@ class _CaptureInbound(WorkflowInboundInterceptor):
 
 class _CaptureOutbound(WorkflowOutboundInterceptor):
     def start_activity(self, input: StartActivityInput) -> workflow.ActivityHandle[Any]:
-        if len(input.args) == 1 and isinstance(input.args[0], Intent):
-            _SEEN.append(input.args[0])
+        arg = input.args[0] if len(input.args) == 1 else None
+        if isinstance(arg, WireIntent):  # a tool activity's input: the intent, completed
+            info = workflow.info()
+            queue = input.task_queue or info.task_queue
+            arg = arg.complete(workflow_type=info.workflow_type, task_queue=queue)
+        if isinstance(arg, Intent):
+            _SEEN.append(arg)
         return super().start_activity(input)
 
 

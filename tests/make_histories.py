@@ -5,7 +5,9 @@
 
 Each file is the JSON of one real run on the embedded server; tests/test_replay.py replays them
 against the current code, so a change that breaks replay of a running workflow fails CI. Files
-recorded by an earlier protocol are worth keeping as they are: ``call_record``,
+recorded by an earlier protocol are worth keeping as they are: ``plain_call`` has the tool
+activities' inputs as full intents (``plain_call_wire`` is the same run recorded with the
+compact input of today, ``WireIntent``); ``call_record``,
 ``reconciliation`` and ``reconciliation_agent`` are of exactcall 0.x (a record that ran a
 workflow task; verdicts by external signal), ``reconciliation_marked`` (and ``_agent``) of the
 record protocol that closes records without a task (verdicts by the ``exactcall.mark_record``
@@ -25,7 +27,8 @@ from typing import Any
 
 from temporalio.client import Client, WorkflowFailureError
 
-from exactcall import Intent, approvals
+from exactcall import approvals
+from exactcall._model import intent_from_input
 from exactcall._server import DevServer
 from exactcall._verdicts import reconcile_id
 from exactcall._worker import Connection, connect
@@ -74,6 +77,7 @@ async def main() -> None:
             )
             await h.result()
             await _save(client, h.id, "plain_call")
+            await _save(client, h.id, "plain_call_wire")  # (the same run, as recorded now)
             h2 = await client.start_workflow(
                 Rounds.run, args=[bank.url, "bob", 3, []], id="hist-can", task_queue="histories"
             )
@@ -155,9 +159,9 @@ async def _save_cancel_while_joining(client: Client, bank: Bank) -> None:
 async def _intents(client: Client, workflow_id: str) -> Any:
     async for e in client.get_workflow_handle(workflow_id).fetch_history_events():
         if e.HasField("activity_task_scheduled_event_attributes"):
-            payloads = e.activity_task_scheduled_event_attributes.input.payloads
-            [intent] = await client.data_converter.decode(payloads, [Intent])
-            yield intent
+            a = e.activity_task_scheduled_event_attributes
+            [value] = await client.data_converter.decode(a.input.payloads)
+            yield intent_from_input(value, workflow_type="Agent", task_queue=a.task_queue.name)
 
 
 if __name__ == "__main__":

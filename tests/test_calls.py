@@ -13,6 +13,7 @@ from temporalio.worker import Worker
 
 import exactcall
 from exactcall import Intent
+from exactcall._model import intent_from_input
 from exactcall._worker import build_worker
 from exactcall.activities import Record
 from exactcall.demo.bank import Bank
@@ -22,12 +23,20 @@ from tests.workflows import Uncaught
 
 
 async def scheduled_intents(client: Client, handle: WorkflowHandle[Any, Any]) -> list[Intent]:
+    """The intents of the tool activities a run scheduled, as a reader of its history gets
+    them (the input holds tool, version, arguments, hash, namespace, workflow id and step;
+    the key is derived, the workflow type and task queue are the history's)."""
     out: list[Intent] = []
+    workflow_type = ""
     async for ev in handle.fetch_history_events():
+        if ev.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
+            workflow_type = ev.workflow_execution_started_event_attributes.workflow_type.name
         if ev.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            payloads = ev.activity_task_scheduled_event_attributes.input.payloads
-            [intent] = await client.data_converter.decode(payloads, [Intent])
-            out.append(intent)
+            a = ev.activity_task_scheduled_event_attributes
+            [value] = await client.data_converter.decode(a.input.payloads)
+            assert {"tool", "args", "args_hash", "workflow_id", "step"} <= value.keys()
+            queue = a.task_queue.name
+            out.append(intent_from_input(value, workflow_type=workflow_type, task_queue=queue))
     return out
 
 

@@ -23,7 +23,7 @@ from temporalio.worker import Worker
 
 import exactcall
 from exactcall import Intent, RecordState, approvals, reconciliation
-from exactcall._model import RecordEvent, RecordInit
+from exactcall._model import RecordEvent, RecordInit, intent_from_input
 from exactcall._server import DevServer
 from exactcall._verdicts import Settled
 from exactcall._worker import build_worker
@@ -80,11 +80,17 @@ async def cancel(handle: WorkflowHandle[Any, Any]) -> None:
 async def intents(client: Client, handle: WorkflowHandle[Any, Any]) -> dict[str, Intent]:
     """The intents a workflow scheduled, by step (the settling attempt repeats one)."""
     out: dict[str, Intent] = {}
+    workflow_type = ""
     async for ev in handle.fetch_history_events():
+        if ev.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
+            workflow_type = ev.workflow_execution_started_event_attributes.workflow_type.name
         if ev.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            payloads = ev.activity_task_scheduled_event_attributes.input.payloads
+            a = ev.activity_task_scheduled_event_attributes
             with contextlib.suppress(Exception):  # not an intent
-                [intent] = await client.data_converter.decode(payloads, [Intent])
+                [value] = await client.data_converter.decode(a.input.payloads)
+                intent = intent_from_input(
+                    value, workflow_type=workflow_type, task_queue=a.task_queue.name
+                )
                 out[intent.step] = intent
     return out
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,9 @@ async def test_there_is_a_history_for_each_shape() -> None:
     names = {p.stem for p in HISTORIES.glob("*.json")}
     assert {
         "plain_call",
+        # the same run, its tool activities' inputs in the compact form (WireIntent); the
+        # file above has them as full intents, as exactcall wrote them before
+        "plain_call_wire",
         "continue_as_new_first",
         "continue_as_new_last",
         "call_record",
@@ -64,19 +68,49 @@ async def test_an_incompatible_change_fails_replay() -> None:
         await replayer.replay_workflow(load(HISTORIES / "plain_call.json"))
 
 
-async def test_exactcall_replay_catches_intent_drift_that_temporal_replay_misses() -> None:
+@pytest.mark.parametrize("name", ["plain_call", "plain_call_wire"])
+async def test_exactcall_replay_catches_intent_drift_that_temporal_replay_misses(
+    name: str,
+) -> None:
     from tests.workflows_changed import AgentPaysOneMore
 
-    history = load(HISTORIES / "plain_call.json")
+    history = load(HISTORIES / f"{name}.json")
     plain = Replayer(
         workflows=[AgentPaysOneMore], plugins=[exactcall.Plugin(tools=[])], namespace="default"
     )
     await plain.replay_workflow(history)  # Temporal's own replay does not see the change
-    [report] = await replay_histories([HISTORIES / "plain_call.json"], [AgentPaysOneMore])
+    [report] = await replay_histories([HISTORIES / f"{name}.json"], [AgentPaysOneMore])
     assert not report.ok
     assert any("amount: 10 -> 11" in p and "pay#1" in p for p in report.problems), report.problems
-    [good] = await replay_histories([HISTORIES / "plain_call.json"], [Agent])
+    [good] = await replay_histories([HISTORIES / f"{name}.json"], [Agent])
     assert good.ok and good.calls == 3 and good.namespace == "default"
+
+
+async def test_both_forms_of_a_tool_input_read_as_the_same_intents() -> None:
+    """The compact input leaves out the key, the workflow type and the task queue; a reader
+    gets them back (the key derived, the rest from the history), equal to the full form's."""
+    from exactcall._canonical import derive_key
+    from exactcall._replay import _converter, recorded_intents
+
+    conv = _converter([exactcall.Plugin(tools=[])])
+    full = await recorded_intents(load(HISTORIES / "plain_call.json"), conv)
+    wire = await recorded_intents(load(HISTORIES / "plain_call_wire.json"), conv)
+    assert len(full) == len(wire) == 3  # (the plan's last call is refused before it runs)
+    for a, b in zip(full, wire, strict=True):
+        # (two runs of one plan: only the bank's URL in the arguments, and so the hash, differ)
+        assert a.model_dump(exclude={"args", "args_hash"}) == b.model_dump(
+            exclude={"args", "args_hash"}
+        )
+        assert b.key == derive_key(b.namespace, b.workflow_id, b.step, b.tool, b.tool_version)
+    raw = json.loads((HISTORIES / "plain_call_wire.json").read_text())
+    inputs = [
+        ev["activityTaskScheduledEventAttributes"]["input"]["payloads"][0]["data"]
+        for ev in raw["events"]
+        if "activityTaskScheduledEventAttributes" in ev
+    ]
+    first = json.loads(base64.b64decode(inputs[0]))
+    assert {"key", "workflow_type", "record_task_queue", "explicit_key"}.isdisjoint(first)
+    assert {"tool", "args", "args_hash", "workflow_id", "step", "namespace"} <= first.keys()
 
 
 async def test_replay_cli_reports_per_file_and_exits_1(tmp_path: Path) -> None:

@@ -404,10 +404,12 @@ async def _schedule(
     cancellation: ActivityCancellationType,
     **options: Any,
 ) -> Any:
+    # the intent without what the attempt knows from where it runs (WireIntent)
+    task_queue = options.get("task_queue") or workflow.info().task_queue
     try:
         return await workflow.execute_activity(
             name,
-            intent,
+            intent.wire(task_queue),
             activity_id=activity_id,
             summary=f"{name} {intent.step} args {intent.args_hash[:12]}",
             cancellation_type=cancellation,

@@ -143,6 +143,13 @@ def add_parsers(sub: Any, connection_args: Callable[[argparse.ArgumentParser], N
     v.add_argument("--host", default="127.0.0.1", help="the address to listen on (127.0.0.1)")
     v.add_argument("--path", default="/mcp", help="the endpoint's path (default /mcp)")
     v.add_argument(
+        "--session-idle",
+        type=parse_duration,
+        default=timedelta(minutes=30),
+        help="end a session whose client sent nothing and held no stream for this long "
+        "(its server stops; default 30m)",
+    )
+    v.add_argument(
         "--allow-origin",
         action="append",
         default=[],

@@ -336,6 +336,28 @@ async def test_serve_2026_client_closing_its_stream_cancels_and_the_retry_does_n
     assert rows[0]["outcome"] == "cancelled"
 
 
+async def test_serve_ends_a_session_whose_client_went_away_without_saying(
+    server: DevServer, tmp_path: Path
+) -> None:
+    effects = tmp_path / "idle.effects"
+    with serving(tmp_path, server.address, effects, None, "--session-idle", "1s") as (
+        endpoint,
+        _,
+        _,
+    ):
+        async with httpx2.AsyncClient(timeout=30) as http:
+            headers = await _open_raw_session(http, endpoint)  # then silence, no DELETE
+            upstream = int(Path(f"{effects}.pid").read_text().split()[0])
+            assert Path(f"/proc/{upstream}").exists()
+            await eventually(lambda: not Path(f"/proc/{upstream}").exists(), timeout=20)
+            ping = {"jsonrpc": "2.0", "id": 9, "method": "ping"}
+            gone = await http.post(endpoint, json=ping, headers=headers)
+        async with http_client(endpoint) as again:  # a client that comes back starts over
+            result = await again.call_tool("append", {"line": "i"})
+    assert gone.status_code == 404 and "initialize again" in gone.text
+    assert not result.is_error and count(effects, "append", "i") == 1
+
+
 async def test_serve_refuses_foreign_origins_and_unknown_sessions(
     server: DevServer, tmp_path: Path
 ) -> None:

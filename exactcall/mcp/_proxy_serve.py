@@ -28,6 +28,7 @@ import json
 import signal
 import socket
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -68,6 +69,13 @@ class HttpClient:
         self._get: asyncio.Queue[tuple[bytes, Written, bool]] | None = None
         self._backlog: list[tuple[bytes, Written, bool]] = []
         self.ended = asyncio.Event()
+        self.streams = 0
+        """Its streams open now (a POST waiting for its answer, the GET stream)."""
+        self.seen = time.monotonic()
+        """When its client last sent anything or had a stream open."""
+
+    def touch(self) -> None:
+        self.seen = time.monotonic()
 
     async def lines(self) -> AsyncIterator[bytes]:
         while line := await self._inbox.get():
@@ -181,6 +189,21 @@ class HttpServe:
         self._stateless_lock = asyncio.Lock()
 
     # -- sessions ---------------------------------------------------------------------------
+    async def reap(self, idle: float) -> None:
+        """End sessions whose client is gone without saying so (no request, no open stream,
+        no call in flight for ``idle`` seconds): their servers stop; the client, if it comes
+        back, gets 404 and opens a new session, as MCP says."""
+        while True:
+            await asyncio.sleep(min(max(idle / 4, 0.2), 30.0))
+            now = time.monotonic()
+            for sid, (session, client, _) in list(self.sessions.items()):
+                if client.streams or session.busy or now - client.seen < idle:
+                    continue
+                log.info(
+                    "mcp_serve.session_idle", session=sid, idle_seconds=round(now - client.seen)
+                )
+                client.end()
+
     async def _open(self, stateless: bool = False) -> tuple[HttpClient, str | None]:
         sid = uuid.uuid4().hex
         upstream = make_upstream(self.ns)
@@ -281,15 +304,19 @@ class HttpServe:
                 return
             client = entry[1]
         raw = body.strip()  # forwarded as it came, unless it spans lines
+        client.touch()
         queue, rid = client.feed(raw if b"\n" not in raw else encode(msg), msg)
         if queue is None:
             await send({"type": "http.response.start", "status": 202, "headers": _sid(client)})
             await send({"type": "http.response.body", "body": b""})
             return
         answered = False
+        client.streams += 1
         try:
             answered = await _stream(send, receive, queue, client)
         finally:
+            client.streams -= 1
+            client.touch()
             client.closed_post(rid)
             if not answered and client.stateless and not client.ended.is_set():
                 client.cancel(rid)
@@ -311,9 +338,12 @@ class HttpServe:
             return
         client = entry[1]
         queue = client.open_get()
+        client.streams += 1
         try:
             await _stream(send, receive, queue, client)
         finally:
+            client.streams -= 1
+            client.touch()
             client.closed_get(queue)
 
 
@@ -435,10 +465,12 @@ async def serve(proxy: Proxy, ns: argparse.Namespace) -> int:
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     proxy.start()
     running = asyncio.create_task(server.serve(sockets=[sock]))
+    reaper = asyncio.create_task(app.reap(ns.session_idle.total_seconds()))
     host = f"[{ns.host}]" if ":" in ns.host else ns.host
     print(f"exactcall mcp serve: http://{host}:{port}{ns.path} ({proxy.name})", file=sys.stderr)
     stopped = asyncio.create_task(stop.wait())
     await asyncio.wait({running, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    reaper.cancel()
     await app.close()
     server.should_exit = True
     with contextlib.suppress(Exception):

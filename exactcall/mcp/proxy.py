@@ -352,6 +352,11 @@ class Session:
         self._pump: asyncio.Task[None] | None = None
         self._reader: asyncio.Task[None] | None = None
 
+    @property
+    def busy(self) -> bool:
+        """Calls it took over are in flight."""
+        return bool(self._calls)
+
     async def run(self, stop: asyncio.Event | None = None) -> str:
         """Forward both ways until the client ends the session ("client"), the upstream goes
         away ("upstream"), or ``stop`` is set ("stop"). The upstream is started."""

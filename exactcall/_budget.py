@@ -19,7 +19,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.service import RPCError
 
 from ._errors import ExactcallError, InvalidCall, register_error
 from ._wire import BUDGET_MEMO, BUDGET_WORKFLOW, budget_id
@@ -330,9 +331,22 @@ def _n(x: float) -> str:
 
 async def ledgers(client: Client) -> AsyncIterator[tuple[str, BudgetView]]:
     """Each running budget ledger of the namespace: (its workflow id, its totals), read from
-    the ledger's memo (visibility: no worker needed)."""
+    the ledger's memo (no worker needed). Visibility finds the ledgers; the memo is read by
+    describe, from the ledger itself: visibility's copy can lag, or keep an older update
+    that arrived last, for as long as the ledger changes nothing more."""
     query = f"WorkflowType = '{BUDGET_WORKFLOW}' AND ExecutionStatus = 'Running'"
+    seen: set[str] = set()
     async for wf in client.list_workflows(query):
-        totals = (await wf.memo()).get(BUDGET_MEMO)
+        if wf.id in seen:  # (a run that continued as new, and the next one)
+            continue
+        seen.add(wf.id)
+        try:  # its latest run
+            desc = await client.get_workflow_handle(wf.id).describe()
+            memo = await desc.memo()
+        except RPCError:
+            continue
+        if desc.status != WorkflowExecutionStatus.RUNNING:
+            continue
+        totals = memo.get(BUDGET_MEMO)
         if isinstance(totals, dict):
             yield wf.id, BudgetView.model_validate(totals)

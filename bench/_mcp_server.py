@@ -1,4 +1,5 @@
-"""The MCP server of ``bench/mcp_proxy.py``: ``python bench/_mcp_server.py EFFECTS_FILE``.
+"""The MCP server of ``bench/mcp_proxy.py``: ``python bench/_mcp_server.py EFFECTS_FILE [PORT]``
+(stdio; with PORT, Streamable HTTP on ``http://127.0.0.1:PORT/mcp``).
 
 ``append(text)`` (a write: no read-only hint) appends one JSON line ``{"text", "key"}`` to the
 effects file (``key`` is the exactcall idempotency key from ``_meta``, or null) and returns
@@ -38,7 +39,10 @@ def main() -> None:
     def count() -> dict[str, Any]:
         return {"lines": lines}
 
-    server.run()
+    if len(sys.argv) > 2:
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        server.run()
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
     python bench/mcp_proxy.py               # 50 writes per mode (~30 s)
     python bench/mcp_proxy.py --n 200 --block 10
+    python bench/mcp_proxy.py --transport url     # a Streamable HTTP server (proxy --url)
+    python bench/mcp_proxy.py --transport serve   # an HTTP client (exactcall mcp serve)
 
 Two real stdio sessions of the MCP SDK's client, open side by side on one machine in one run:
 
@@ -9,6 +11,11 @@ Two real stdio sessions of the MCP SDK's client, open side by side on one machin
 * **proxied**: ``python -m exactcall mcp proxy -- python bench/_mcp_server.py PROXIED_FILE``,
   on the proxy's embedded Temporal dev server (a fresh ``EXACTCALL_HOME``, no
   ``TEMPORAL_*`` in its environment), every write guarded (``append`` has no read hint).
+
+``--transport url``: the server speaks Streamable HTTP; **direct** is the SDK's HTTP client
+to it, **proxied** a stdio session with ``exactcall mcp proxy --url`` in front of a second
+one. ``--transport serve``: the client speaks HTTP; **direct** as for ``url``, **proxied**
+the HTTP client to ``exactcall mcp serve -- python bench/_mcp_server.py FILE``.
 
 After a warm-up, ``--n`` sequential ``append`` writes per mode with distinct arguments,
 interleaved in ABBA blocks of ``--block``, then the same for the read ``count()`` (which the
@@ -28,6 +35,7 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +46,7 @@ from typing import Any
 
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -50,6 +59,35 @@ async def session(argv: list[str], env: dict[str, str], log: Path) -> AsyncItera
     with log.open("a") as err:
         async with Client(stdio_client(params, errlog=err), read_timeout_seconds=60) as client:
             yield client
+
+
+@contextlib.asynccontextmanager
+async def http_session(url: str) -> AsyncIterator[Client]:
+    async with Client(streamable_http_client(url), read_timeout_seconds=60) as client:
+        yield client
+
+
+@contextlib.contextmanager
+def process(argv: list[str], env: dict[str, str], log: Path, port: int) -> Any:
+    """A server process listening on ``port`` (an HTTP MCP server, or ``mcp serve``)."""
+    from exactcall._server import port_open
+
+    with log.open("a") as err:
+        proc = subprocess.Popen([sys.executable, *argv], env=env, cwd=ROOT, stdout=err, stderr=err)
+    try:
+        deadline = time.monotonic() + 60
+        while not port_open("127.0.0.1", port):
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError(f"{argv} did not listen on {port}: see {log}")
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 async def timed(client: Client, tool: str, arguments: dict[str, Any]) -> float:
@@ -112,10 +150,37 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "proxied": [*proxy, "--", sys.executable, SERVER, str(files["proxied"])],
     }
     async with contextlib.AsyncExitStack() as stack:
-        clients = {
-            m: await stack.enter_async_context(session(argv[m], env, work / f"{m}.log"))
-            for m in argv
-        }
+        if args.transport == "stdio":
+            clients = {
+                m: await stack.enter_async_context(session(argv[m], env, work / f"{m}.log"))
+                for m in argv
+            }
+        else:
+            from exactcall._server import free_port
+
+            def listening(argv: Any, name: str) -> str:
+                """Start ``argv(port)`` on a free port; its URL."""
+                port = free_port()
+                log = work / f"{name}.log"
+                return stack.enter_context(process(argv(str(port)), env, log, port))
+
+            def http_server(file: Path) -> Any:
+                return lambda port: [SERVER, str(file), port]
+
+            direct_url = listening(http_server(files["direct"]), "direct")
+            direct = await stack.enter_async_context(http_session(direct_url))
+            if args.transport == "url":
+                upstream = listening(http_server(files["proxied"]), "upstream")
+                via = [*proxy, "--url", upstream]
+                proxied = await stack.enter_async_context(session(via, env, work / "proxied.log"))
+            else:
+                flags = [*proxy[4:], "--", sys.executable, SERVER, str(files["proxied"])]
+                endpoint = listening(
+                    lambda port: ["-m", "exactcall", "mcp", "serve", "--port", port, *flags],
+                    "serve",
+                )
+                proxied = await stack.enter_async_context(http_session(endpoint))
+            clients = {"direct": direct, "proxied": proxied}
         t0 = time.perf_counter()
         await timed(clients["proxied"], "append", {"text": "first"})  # starts the server
         first_ms = (time.perf_counter() - t0) * 1000
@@ -132,6 +197,7 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "load_avg": os.getloadavg(),
         "n": args.n,
         "block": args.block,
+        "transport": args.transport,
         "first_proxied_write_ms": first_ms,
         "writes": {m: stats(v) for m, v in writes.items()},
         "reads": {m: stats(v) for m, v in reads.items()},
@@ -150,8 +216,8 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 def report(r: dict[str, Any]) -> None:
     print(
-        f"exactcall mcp proxy vs direct, {r['n']} sequential calls per mode, ABBA blocks of "
-        f"{r['block']}, load {r['load_avg'][0]:.2f}"
+        f"exactcall mcp proxy vs direct ({r['transport']}), {r['n']} sequential calls per mode, "
+        f"ABBA blocks of {r['block']}, load {r['load_avg'][0]:.2f}"
     )
     print(f"first proxied write (starts the embedded server): {r['first_proxied_write_ms']:.0f} ms")
     print(f"{'':8} {'mode':8} {'p50 ms':>8} {'p95 ms':>8} {'mean ms':>8}")
@@ -173,6 +239,12 @@ if __name__ == "__main__":
     parser.add_argument("--block", type=int, default=5, help="ABBA block size")
     parser.add_argument("--warmup", type=int, default=10, help="warm-up writes per mode")
     parser.add_argument("--json", type=Path, default=None, help="where to write the raw numbers")
+    parser.add_argument(
+        "--transport",
+        choices=("stdio", "url", "serve"),
+        default="stdio",
+        help="stdio (default); url: an HTTP server (proxy --url); serve: an HTTP client",
+    )
     ns = parser.parse_args()
     result = asyncio.run(main(ns))
     report(result)

@@ -70,18 +70,9 @@ class Intent(BaseModel):
         workflow type, the calling workflow's task queue when the activity is scheduled on it)
         or can derive (the key)."""
         own_queue = self.record_task_queue
-        return WireIntent(
-            tool=self.tool,
-            tool_version=self.tool_version,
-            args=self.args,
-            args_hash=self.args_hash,
-            namespace=self.namespace,
-            workflow_id=self.workflow_id,
-            step=self.step,
-            explicit_key=self.explicit_key,
-            record_task_queue=None if own_queue == task_queue else own_queue,
-            approval=self.approval,
-        )
+        fields = {**dict(self), "workflow_type": None, "key": None}
+        fields["record_task_queue"] = None if own_queue == task_queue else own_queue
+        return WireIntent(**fields)
 
 
 def intent_from_input(value: Any, *, workflow_type: str, task_queue: str) -> Intent:
@@ -127,18 +118,12 @@ class WireIntent(BaseModel):
             self.namespace, self.workflow_id, self.step, self.tool, self.tool_version
         )
         return Intent(
-            tool=self.tool,
-            tool_version=self.tool_version,
-            args=self.args,
-            args_hash=self.args_hash,
-            namespace=self.namespace,
-            workflow_id=self.workflow_id,
-            workflow_type=self.workflow_type or workflow_type,
-            step=self.step,
-            key=key,
-            explicit_key=self.explicit_key,
-            record_task_queue=self.record_task_queue or task_queue,
-            approval=self.approval,
+            **{
+                **dict(self),
+                "workflow_type": self.workflow_type or workflow_type,
+                "key": key,
+                "record_task_queue": self.record_task_queue or task_queue,
+            }
         )
 
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 from temporalio.client import Client, WorkflowExecutionStatus
@@ -24,6 +24,9 @@ from temporalio.service import RPCError
 
 from ._errors import ExactcallError, InvalidCall, register_error
 from ._wire import BUDGET_MEMO, BUDGET_WORKFLOW, budget_id
+
+if TYPE_CHECKING:
+    from ._model import Intent
 
 __all__ = [
     "Budget",
@@ -33,8 +36,10 @@ __all__ = [
     "ChargeAnswer",
     "ChargeOp",
     "LedgerInput",
+    "charge_op",
     "ledger_input",
     "ledgers",
+    "settle_charges",
 ]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -210,6 +215,31 @@ class ChargeOp(BaseModel):
     window: str = "all"
     overrun_approved_by: tuple[str, ...] | None = None
     """A person's yes to passing the limit: the reservation is made whatever is left."""
+
+
+def charge_op(b: Budget, intent: Intent, measure: float, window: str) -> ChargeOp:
+    """The reservation of ``measure`` by ``intent``'s call on ``b``'s ledger, in ``window``."""
+    return ChargeOp(
+        op="reserve",
+        ledger_id=b.ledger_id(intent.workflow_id),
+        budget=b.name,
+        limit=float(b.limit),
+        per_seconds=b.per.total_seconds() if b.per else None,
+        scope=b.scope,
+        task_queue=intent.record_task_queue,
+        key=intent.key,
+        workflow_id=intent.workflow_id,
+        step=intent.step,
+        tool=intent.tool,
+        measure=measure,
+        window=window,
+    )
+
+
+def settle_charges(budgets: Sequence[Budget], intent: Intent) -> tuple[ChargeOp, ...]:
+    """What settles every reservation of ``intent``'s call (by key, in any window): one op per
+    budget, made "spend" or "release" once the outcome is known."""
+    return tuple(charge_op(b, intent, 0.0, "all") for b in budgets)
 
 
 class ChargeAnswer(BaseModel):

@@ -23,6 +23,7 @@ from exactcall._wire import UNRESOLVED_MEMO as UNRESOLVED_MEMO
 from exactcall._wire import VERDICT_MEMO as VERDICT_MEMO
 from exactcall._wire import reconcile_id as reconcile_id
 
+from ._budget import ChargeOp, settle_charges
 from ._errors import ExactcallError, register_error
 from ._model import Intent
 from ._ui import call_summary, intent_details
@@ -154,6 +155,10 @@ class ReconcileInput(BaseModel):
     probe_deadline: timedelta
     call: CallSpec | None = None
     """None in reconciliations started before exactcall carried it (they look the tool up)."""
+    budget_charges: tuple[ChargeOp, ...] | None = None
+    """What settles the call's budget reservations once the verdict is known (empty: a tool
+    without budgets). None in reconciliations started before exactcall carried it (they look
+    the tool up in the replaying worker's registry)."""
 
 
 class UnresolvedCall(BaseModel):
@@ -234,6 +239,7 @@ def reconcile_input(t: Tool, intent: Intent, reason: str, since: datetime) -> Re
         has_probe=t.options.reconcile is not None,
         probe_deadline=t.options.reconcile_deadline,
         call=call_spec(t),
+        budget_charges=settle_charges(t.options.budgets, intent),
     )
 
 

@@ -48,6 +48,7 @@ __all__ = [
     "PROBE_PREFIX",
     "PYDANTIC_AI_ARGS_HASH",
     "READ_PATH_BY_DECLARATION",
+    "RECONCILE_DECIDES_AT_START",
     "RECONCILE_STATE_QUERY",
     "RECONCILE_WORKFLOW",
     "RECORD_STATE_QUERY",
@@ -208,6 +209,15 @@ hinted read-only. Recorded once per run, and only in runs that call such a tool.
 MARKS_BY_ACTIVITY = "exactcall.marks-by-activity"
 """Patch: verdicts are written to the record by a local activity, which opens a record that
 has closed (records close by themselves); before, by an external signal."""
+RECONCILE_DECIDES_AT_START = "exactcall.reconcile-decides-at-start"
+"""Patch, taken before the first await of a reconciliation's run (its first workflow task):
+such runs mark by local activity, tell the call, pin their search-attribute choice and settle
+the budget charges their input carries, without asking a patch later. Replaying, ``patched``
+is true only for a marker of the workflow task being replayed, so a patch asked late (after a
+local activity, a wait for a person, and a registry lookup that depends on the replaying
+worker's imports) is the one place the run's commands could differ on replay; CI saw
+``reconcile-tells-the-call`` fail replay that way under load. Runs recorded before it keep the
+per-use patches above."""
 
 
 # -- budgets ---------------------------------------------------------------------------------

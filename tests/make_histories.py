@@ -11,7 +11,10 @@ compact input of today, ``WireIntent``); ``call_record``,
 ``reconciliation`` and ``reconciliation_agent`` are of exactcall 0.x (a record that ran a
 workflow task; verdicts by external signal), ``reconciliation_marked`` (and ``_agent``) of the
 record protocol that closes records without a task (verdicts by the ``exactcall.mark_record``
-local activity). Regenerate only the names a change is about.
+local activity) with the reconciliation's patches asked where each is used;
+``reconciliation_at_start`` (and ``_agent``) is the same run once the reconciliation decides
+them in its first workflow task (``exactcall.reconcile-decides-at-start``). Regenerate only the
+names a change is about.
 """
 
 from __future__ import annotations
@@ -112,6 +115,8 @@ async def main() -> None:
                 await _save_cancel_while_joining(client, bank)
             if wanted("reconciliation_marked", "reconciliation_marked_agent"):
                 await _save_reconciliation(client, bank, "reconciliation_marked")
+            if wanted("reconciliation_at_start", "reconciliation_at_start_agent"):
+                await _save_reconciliation(client, bank, "reconciliation_at_start")
             # the per-key record of the first payment
             intent = await anext(_intents(client, h.id))
             rec = Record(client, intent)

@@ -4,6 +4,7 @@ an overrun, every release rule, and a SIGKILLed worker mid-run (effects counted 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import subprocess
@@ -11,6 +12,7 @@ import sys
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -114,7 +116,7 @@ async def test_a_loop_budget_asks_a_person_and_counts_across_runs(
 
 
 async def test_what_each_outcome_does_to_its_reservation(
-    client: Client, bank: Bank, who: str, tq: str
+    client: Client, bank: Bank, who: str, tq: str, tmp_path: Path
 ) -> None:
     async with running_worker(client, tq):
         failed = await start_agent(
@@ -141,6 +143,7 @@ async def test_what_each_outcome_does_to_its_reservation(
         # unknown keeps the reservation: 50 of 100 are held, so 60 more is refused
         over = await start_agent(client, tq, plan(step("budget_release_fail", bank.url, 60, who)))
         assert (await over.result())[0]["error"] == "BudgetExceeded"
+        reconciliations = []
         for h, verdict in ((landed, "landed"), (abandoned, "abandon")):
             row = await eventually(
                 lambda h=h: reconciliation.find(client, h.id, "budget_release_unknown#1"),
@@ -149,6 +152,7 @@ async def test_what_each_outcome_does_to_its_reservation(
             )
             res = await reconciliation.resolve(client, h.id, row.step, verdict, by="ops")  # type: ignore[arg-type]
             assert res.accepted, res.outcome
+            reconciliations.append(row.reconcile_id)
         v = await eventually(
             lambda: view(client, "test-release"),
             lambda v: not any(c.state == "reserved" for c in v.charges),
@@ -163,6 +167,32 @@ async def test_what_each_outcome_does_to_its_reservation(
         assert [(w.spent, w.reserved) for w in v.windows] == [(100.0, 0.0)]
         # two unknown outcomes that landed (30, 20) and one done call (50)
         assert bank.count(to=who) == 3
+    # the reconciliations settled the reservations from their own input: they replay in a
+    # process that never imported the budgeted tool (a worker of other tools, or the CLI)
+    for rid in reconciliations:
+        h = client.get_workflow_handle(rid)
+        await h.result()
+        history = await h.fetch_history()
+        assert sum(e.HasField("marker_recorded_event_attributes") for e in history.events) >= 3
+        (tmp_path / f"{rid}.json").write_text(json.dumps(history.to_json_dict()))
+    out = await asyncio.to_thread(
+        subprocess.run,
+        [
+            sys.executable,
+            "-m",
+            "exactcall",
+            "replay",
+            str(tmp_path),
+            "--workflows",
+            "tests.workflows",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("ok ") == 2, out.stdout
 
 
 async def test_a_ledger_that_continued_as_new_charges_a_rerun_once(

@@ -57,6 +57,10 @@ async def test_there_is_a_history_for_each_shape() -> None:
         # themselves); the three files above are of exactcall 0.x and stay as they are
         "reconciliation_marked_agent",
         "reconciliation_marked",
+        # the reconciliation's patches decided in its first workflow task
+        # (exactcall.reconcile-decides-at-start); the two above ask them where each is used
+        "reconciliation_at_start_agent",
+        "reconciliation_at_start",
     } <= names
 
 

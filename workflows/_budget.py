@@ -32,6 +32,8 @@ from exactcall._budget import (
     ChargeAnswer,
     ChargeOp,
     LedgerInput,
+    charge_op,
+    settle_charges,
     totals,
     window_end,
 )
@@ -257,24 +259,6 @@ class Over:
     answer: ChargeAnswer
 
 
-def _op(b: Budget, intent: Intent, measure: float, window: str) -> ChargeOp:
-    return ChargeOp(
-        op="reserve",
-        ledger_id=b.ledger_id(intent.workflow_id),
-        budget=b.name,
-        limit=float(b.limit),
-        per_seconds=b.per.total_seconds() if b.per else None,
-        scope=b.scope,
-        task_queue=intent.record_task_queue,
-        key=intent.key,
-        workflow_id=intent.workflow_id,
-        step=intent.step,
-        tool=intent.tool,
-        measure=measure,
-        window=window,
-    )
-
-
 async def _charge(op: ChargeOp) -> ChargeAnswer:
     return await workflow.execute_local_activity(
         BUDGET_ACTIVITY,
@@ -294,7 +278,7 @@ async def reserve_for(t: Tool, intent: Intent) -> tuple[list[Held], list[Over]]:
     held: list[Held] = []
     over: list[Over] = []
     for b, m in plan:
-        op = _op(b, intent, m, b.window_of(now))
+        op = charge_op(b, intent, m, b.window_of(now))
         answer = await _charge(op)
         if answer.ok:
             held.append(Held(b, op))
@@ -316,10 +300,13 @@ async def reserve_overruns(over: Sequence[Over], approved_by: tuple[str, ...]) -
 async def settle_intent(t: Tool, intent: Intent, spent: bool) -> None:
     """Settle the reservations of ``intent`` (a reconciliation's verdict on an unknown
     outcome): by key, so nothing of the call is needed but its tool's budgets."""
-    for b in t.options.budgets:
-        await _charge(
-            _op(b, intent, 0.0, "all").model_copy(update={"op": "spend" if spent else "release"})
-        )
+    await settle_ops(settle_charges(t.options.budgets, intent), spent)
+
+
+async def settle_ops(ops: Sequence[ChargeOp], spent: bool) -> None:
+    """Keep (spend) or release the reservations ``ops`` name (as ``settle_charges`` made them)."""
+    for op in ops:
+        await _charge(op.model_copy(update={"op": "spend" if spent else "release"}))
 
 
 async def settle_for(held: Sequence[Held], spent: bool) -> None:

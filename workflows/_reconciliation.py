@@ -40,13 +40,13 @@ from exactcall._verdicts import (
     UnresolvedCall,
     Verdict,
 )
-from exactcall._wire import BUDGETS_PATCH
+from exactcall._wire import BUDGETS_PATCH, RECONCILE_DECIDES_AT_START
 from exactcall._wire import MARKS_BY_ACTIVITY as MARKS_BY_ACTIVITY
 from exactcall._wire import PROBE_PREFIX as PROBE_PREFIX
 from exactcall._wire import TELLS_THE_CALL as TELLS_THE_CALL
 from exactcall._wire import probe_activity_name as probe_activity_name
 
-from ._budget import settle_intent
+from ._budget import settle_intent, settle_ops
 from ._call import execute_call_activity
 from ._record import MARK_RECORD, mark_from_workflow
 from ._state import pinned_search_attributes
@@ -70,9 +70,14 @@ class Reconcile:
         self._settled: Settled | None = None
         self._call_cancelled = False
         self._input: ReconcileInput | None = None
+        self._decided_at_start = False
 
     @workflow.run
     async def run(self, inp: ReconcileInput) -> Settled:
+        # before any await: the first workflow task, where replay always finds the marker
+        self._decided_at_start = workflow.patched(RECONCILE_DECIDES_AT_START)
+        if self._decided_at_start:
+            pinned_search_attributes()
         call = self._call_spec(inp)
         self._reason = inp.reason
         self._input = inp
@@ -245,15 +250,20 @@ class Reconcile:
         )
         self._note(f"settled: {s.outcome} ({s.verdict}, decided by {s.decided_by})")
         await self._settle_budgets(inp, s)
-        if workflow.info().parent is None and workflow.patched(TELLS_THE_CALL):
+        if workflow.info().parent is None and (
+            self._decided_at_start or workflow.patched(TELLS_THE_CALL)
+        ):
             await self._tell_the_call(inp, s)
         return s
 
-    @staticmethod
-    async def _settle_budgets(inp: ReconcileInput, s: Settled) -> None:
+    async def _settle_budgets(self, inp: ReconcileInput, s: Settled) -> None:
         """The call's budget reservations, kept while its outcome was unknown: landed or
         abandoned keeps them (it may have happened), failed (not landed, then a re-run that
-        failed or did not happen) releases them."""
+        failed or did not happen) releases them. From the input (runs recorded before it
+        carried them look the tool up in this worker's registry)."""
+        if self._decided_at_start and inp.budget_charges is not None:
+            await settle_ops(inp.budget_charges, spent=s.outcome != "failed")
+            return
         try:
             t = get_tool(inp.intent.tool)
         except UnknownTool:
@@ -280,7 +290,7 @@ class Reconcile:
     async def _mark(self, inp: ReconcileInput, kind: str, **fields: Any) -> None:
         owner = Owner(run_id=workflow.info().run_id, activity_id="reconcile")
         ev = RecordEvent(kind=kind, owner=owner, attempt=0, **fields)  # type: ignore[arg-type]
-        if not workflow.patched(MARKS_BY_ACTIVITY):
+        if not self._decided_at_start and not workflow.patched(MARKS_BY_ACTIVITY):
             await mark_from_workflow(inp.intent.key, ev)
             return
         await workflow.execute_local_activity(

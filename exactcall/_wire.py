@@ -39,6 +39,8 @@ __all__ = [
     "MCP_PROXY_AWAIT_SETTLED",
     "MCP_PROXY_DELIVERED_SIGNAL",
     "MCP_PROXY_ID_PREFIX",
+    "MCP_PROXY_LINGERS",
+    "MCP_PROXY_NEXT_SIGNAL",
     "MCP_PROXY_TOOL",
     "MCP_PROXY_WAIT_UPDATE",
     "MCP_PROXY_WITHDRAW_SIGNAL",
@@ -155,6 +157,14 @@ MCP_PROXY_DELIVERED_SIGNAL = "exactcall.mcp.delivered"
 ``retry``), so the next identical call is a new call."""
 MCP_PROXY_WITHDRAW_SIGNAL = "exactcall.mcp.withdraw"
 """A client cancelled its request: when no other caller waits, the call is cancelled."""
+MCP_PROXY_NEXT_SIGNAL = "exactcall.mcp.next"
+"""An identical call sent after the answer was delivered waits for a new run: the lingering
+run ends now."""
+MCP_PROXY_LINGERS = "exactcall.mcp.lingers"
+"""Patch, asked before the run's first await: in mode ``retry``, a delivered run stays open a
+few seconds for identical calls sent before the answer was delivered (copies still on their
+way from another proxy), and ends as soon as a later identical call asks for a new run.
+Runs recorded before it end at the first delivery (tests/histories/mcp/proxy_call_retry.json)."""
 
 # -- the adapters' names in the frameworks' own state --------------------------------------------
 LANGGRAPH_APPROVAL_INTERRUPT = "exactcall.approval"

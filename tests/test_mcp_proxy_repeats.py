@@ -9,17 +9,27 @@ import asyncio
 import json
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.client import WorkflowHistory
+from temporalio.client import Client as TemporalClient
+from temporalio.client import WorkflowHistory, WorkflowUpdateFailedError
 from temporalio.worker import Replayer
 
 import exactcall
 from exactcall._cli import main as cli_main
 from exactcall._server import DevServer
-from exactcall.mcp._proxy_workflow import ApprovedProxyCall, ProxyCall
+from exactcall.mcp._proxy_workflow import (
+    LINGER,
+    NEXT_SIGNAL,
+    WAIT_UPDATE,
+    ApprovedProxyCall,
+    Outcome,
+    ProxyCall,
+    Wait,
+)
 from tests.mcp_proxy_client import (
     DEDUP,
     OUTCOME,
@@ -67,6 +77,50 @@ async def test_three_concurrent_identical_copies_run_once(
         if r is not ran[0]:
             assert "already in progress" in text(r) and text(r).endswith(text(ran[0]))
     assert DEDUP not in meta(after)
+
+
+async def test_a_copy_sent_before_the_answer_was_delivered_is_a_retry_wherever_it_arrives(
+    server: DevServer, client: TemporalClient, tmp_path: Path
+) -> None:
+    """Another proxy's copy, sent while the call ran but slowed on its way (a loaded machine),
+    reaches the run after the first answer was delivered: it gets that outcome and runs
+    nothing. A copy sent after the delivery asks for a new run, and the run ends for it."""
+    async with proxied(tmp_path, name=fresh(), address=server.address) as p:
+        before = time.time()
+        first = await p.client.call_tool("append", {"line": "late"})
+        after = time.time()
+        [row] = p.audit_rows()
+        handle = client.get_workflow_handle(row["workflow_id"], result_type=Outcome)
+
+        def wait(caller: str, sent_at: float) -> Wait:
+            return Wait(
+                caller=caller, args_hash=row["args_hash"], timeout_seconds=5, sent_at=sent_at
+            )
+
+        # the delivered signal went out once the answer was written: the run knows it then
+        for _ in range(200):
+            if await _delivered(handle):
+                break
+            await asyncio.sleep(0.05)
+        late = await handle.execute_update(WAIT_UPDATE, wait("late", before), result_type=Outcome)
+        assert late.kind == "done" and late.deduplicated and late.repeat == "running"
+        assert late.result is not None and late.step == row["step"] and not first.is_error
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await handle.execute_update(WAIT_UPDATE, wait("new", after), result_type=Outcome)
+        assert getattr(refused.value.cause, "type", None) == "Delivered"
+        asked = time.monotonic()
+        await handle.signal(NEXT_SIGNAL)
+        assert (await handle.result()).kind == "done"
+        assert time.monotonic() - asked < LINGER.total_seconds()  # ended for the new call
+        again = await p.client.call_tool("append", {"line": "late"})  # a new call: it runs
+    assert DEDUP not in meta(again) and p.count("append") == 2
+
+
+async def _delivered(handle: Any) -> bool:
+    async for e in handle.fetch_history_events():
+        if e.HasField("workflow_execution_signaled_event_attributes"):
+            return True
+    return False
 
 
 class RawSession:
@@ -189,6 +243,18 @@ async def test_a_cancelled_write_gets_no_response_and_the_server_gets_the_cancel
         if raw.proc.stdin:
             raw.proc.stdin.close()
         await raw.wait()
+
+
+async def test_a_retry_mode_history_from_before_the_linger_replays() -> None:
+    """Recorded before a delivered run lingered for earlier copies (the run ended at the
+    delivery): it replays on today's workflow, by the old path."""
+    history = json.loads((HISTORIES / "proxy_call_retry.json").read_text())
+    replayer = Replayer(
+        workflows=[ProxyCall, ApprovedProxyCall],
+        plugins=[exactcall.Plugin(tools=[])],
+        namespace="default",
+    )
+    await replayer.replay_workflow(WorkflowHistory.from_json("proxy-retry", history))
 
 
 async def test_a_proxy_call_history_from_the_window_era_replays() -> None:

@@ -46,6 +46,7 @@ from ._proxy_policy import duration_text
 from ._proxy_workflow import (
     APPROVED_WORKFLOW,
     DELIVERED_SIGNAL,
+    NEXT_SIGNAL,
     WAIT_UPDATE,
     WITHDRAW_SIGNAL,
     WORKFLOW,
@@ -194,13 +195,14 @@ class Caller:
             hold_seconds=self.retry_window if mode == "retry" else None,
         )
         wid = ident.workflow_id
+        sent_at = time.time()  # before waiting on this proxy's own delivery below
         delivering = self._delivering.get(wid)
         if delivering is not None:  # this proxy's answer to an identical call: it ends that run
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(delivering), 5)
         self._keep_meta(wid, call)
         try:
-            outcome = await self._outcome(client, call, inp, wid, ident.reuse)
+            outcome = await self._outcome(client, call, inp, wid, ident.reuse, sent_at)
         except ApplicationError as err:  # refused by the workflow: another call's identity
             text = f"refused: {err.message}"
             ids = {"workflow_id": wid, "step": inp.step, "args_hash": inp.args_hash}
@@ -227,20 +229,22 @@ class Caller:
             if self._delivering.get(workflow_id) is done:
                 del self._delivering[workflow_id]
 
-        async def signal() -> None:
+        async def signal(at: float) -> None:
             with contextlib.suppress(Exception):  # the run ended meanwhile: nothing to tell
                 client = await get_client()
-                await client.get_workflow_handle(workflow_id).signal(DELIVERED_SIGNAL, caller)
+                handle = client.get_workflow_handle(workflow_id)
+                await handle.signal(DELIVERED_SIGNAL, args=[caller, at])
 
-        def after(ok: bool) -> None:
+        def after(ok: bool, at: float) -> None:
             if ok:
-                asyncio.ensure_future(signal()).add_done_callback(finish)
+                asyncio.ensure_future(signal(at)).add_done_callback(finish)
             else:  # it reached no client: the run keeps the outcome for a retry
                 finish()
 
         def written(ok: bool) -> None:
+            at = time.time()
             with contextlib.suppress(RuntimeError):  # the loop has closed
-                loop.call_soon_threadsafe(after, ok)
+                loop.call_soon_threadsafe(after, ok, at)
 
         return written
 
@@ -272,9 +276,18 @@ class Caller:
         )
 
     async def _outcome(
-        self, client: Client, call: Call, inp: CallInput, wid: str, reuse: WorkflowIDReusePolicy
+        self,
+        client: Client,
+        call: Call,
+        inp: CallInput,
+        wid: str,
+        reuse: WorkflowIDReusePolicy,
+        sent_at: float,
     ) -> Outcome:
-        first = Wait(caller=inp.caller, args_hash=inp.args_hash, timeout_seconds=WAIT_SLICE)
+        first = Wait(
+            caller=inp.caller, args_hash=inp.args_hash, timeout_seconds=WAIT_SLICE, sent_at=sent_at
+        )
+        asked_next = False
         ended = 0  # the run ended as the update arrived (or an error): start anew
         for attempt in range(NEW_RUN_TRIES):
             try:
@@ -296,6 +309,10 @@ class Caller:
                 if isinstance(cause, ApplicationError) and cause.type == IntentConflict.code:
                     raise cause from None  # the identity belongs to other arguments
                 if isinstance(cause, ApplicationError) and cause.type == "Delivered":
+                    if not asked_next:  # a delivered run lingers for earlier copies: end it
+                        asked_next = True
+                        with contextlib.suppress(Exception):
+                            await client.get_workflow_handle(wid).signal(NEXT_SIGNAL)
                     await asyncio.sleep(min(0.005 * (attempt + 1), 0.1))  # that run is ending
                     continue
                 ended += 1

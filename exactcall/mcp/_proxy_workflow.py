@@ -8,9 +8,12 @@ What an identical call gets depends on the run's ``mode`` (``CallInput.mode``):
 * ``retry`` (the default): an identical call gets this call's outcome only while it is a
   retry: while the call runs, or while its final answer has reached no client (the request
   was cancelled, the client or the proxy went away), for up to ``hold_seconds``. A proxy that
-  wrote the final answer to its client signals ``exactcall.mcp.delivered`` and the run ends,
-  so the next identical call is a new call (a new run, a new step ``tool@<start ms>``, a new
-  derived key) and runs.
+  wrote the final answer to its client signals ``exactcall.mcp.delivered`` (with the time it
+  wrote it), so the next identical call is a new call (a new run, a new step
+  ``tool@<start ms>``, a new derived key) and runs. Copies whose clients sent them before
+  that time are retries wherever they arrive from: the run lingers up to ``LINGER`` for
+  those still on their way (another proxy's, slowed by load), and ends as soon as a copy
+  sent after the delivery asks for a new run (``exactcall.mcp.next``).
 * ``window`` (``--dedupe-window TOOL=10m``): the run stays open for ``window_seconds`` after
   the outcome, delivered or not, so every identical call in that time gets it.
 * ``key`` (the client sent ``_meta`` ``io.exactcall/idempotency-key``): no window: the
@@ -59,6 +62,8 @@ from exactcall._verdicts import CallAbandoned, Settled
 from exactcall._wire import MCP_PROXY_APPROVED_WORKFLOW as APPROVED_WORKFLOW
 from exactcall._wire import MCP_PROXY_AWAIT_SETTLED as AWAIT_SETTLED
 from exactcall._wire import MCP_PROXY_DELIVERED_SIGNAL as DELIVERED_SIGNAL
+from exactcall._wire import MCP_PROXY_LINGERS as LINGERS
+from exactcall._wire import MCP_PROXY_NEXT_SIGNAL as NEXT_SIGNAL
 from exactcall._wire import MCP_PROXY_TOOL as PROXY_TOOL
 from exactcall._wire import MCP_PROXY_WAIT_UPDATE as WAIT_UPDATE
 from exactcall._wire import MCP_PROXY_WITHDRAW_SIGNAL as WITHDRAW_SIGNAL
@@ -69,6 +74,8 @@ __all__ = [
     "APPROVED_WORKFLOW",
     "AWAIT_SETTLED",
     "DELIVERED_SIGNAL",
+    "LINGER",
+    "NEXT_SIGNAL",
     "PROXY_TOOL",
     "WAIT_UPDATE",
     "WITHDRAW_SIGNAL",
@@ -84,6 +91,9 @@ __all__ = [
 
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+LINGER = timedelta(seconds=5)
+"""How long a delivered run (mode ``retry``) waits for identical calls sent before its answer
+was delivered: copies from other proxies still on their way (a new call ends it sooner)."""
 Kind = Literal["done", "failed", "unknown", "denied", "abandoned", "pending", "cancelled"]
 Mode = Literal["retry", "window", "key"]
 Repeat = Literal["running", "undelivered", "window", "key"]
@@ -124,6 +134,9 @@ class Wait(BaseModel):
     """Also answer (``pending``, ``awaiting_approval``) as soon as the call waits for a person."""
     past_unknown: bool = False
     """Do not answer ``unknown``: wait for the verdict (while a re-run or a probe is going on)."""
+    sent_at: float | None = None
+    """When the client's request reached its proxy (Unix time, the proxy's clock): a copy sent
+    before the call's answer was delivered is a retry of it, even if it arrives later."""
 
 
 class Outcome(BaseModel):
@@ -201,12 +214,16 @@ class ProxyCall:
         self._while_running: set[str] = set()
         self._withdrawn: set[str] = set()
         self._delivered = False
+        self._delivered_at: float | None = None
+        self._next = False
+        self._lingers = False
         self._closing = False
         self._task: asyncio.Task[Outcome] | None = None
 
     @workflow.run
     async def run(self, inp: CallInput) -> Outcome:
         mode = self._mode
+        self._lingers = mode == "retry" and workflow.patched(LINGERS)  # before any await
         self._task = asyncio.ensure_future(self._call(inp))
         if self._withdrawn >= self._callers:  # withdrawn before the run began
             self._task.cancel()
@@ -222,6 +239,13 @@ class ProxyCall:
                         timeout=timedelta(seconds=inp.hold_seconds),
                         timeout_summary="kept for a retry",
                     )
+                if self._delivered and self._lingers:
+                    with contextlib.suppress(TimeoutError):
+                        await workflow.wait_condition(
+                            lambda: self._next,
+                            timeout=LINGER,
+                            timeout_summary="copies sent before the answer was delivered",
+                        )
         self._closing = True
         await workflow.wait_condition(workflow.all_handlers_finished)
         if outcome.released and mode == "key":
@@ -239,7 +263,7 @@ class ProxyCall:
     async def wait(self, w: Wait) -> Outcome:
         if w.caller not in self._callers:
             self._callers.add(w.caller)
-            if self._outcome is None:
+            if self._outcome is None or self._delivered:  # delivered: sent while it ran
                 self._while_running.add(w.caller)
 
         def answered() -> bool:
@@ -270,14 +294,34 @@ class ProxyCall:
                 args_hash=w.args_hash,
             )
         over = self._delivered or self._closing  # this run is over: the call is a new one
-        if self._inp.mode is not None and w.caller not in self._callers and over:
+        new_caller = self._inp.mode is not None and w.caller not in self._callers
+        if new_caller and over and not self._sent_before_delivery(w):
             raise ApplicationError("this call's answer was delivered", type="Delivered")
 
+    def _sent_before_delivery(self, w: Wait) -> bool:
+        """A copy its client sent before the first answer was delivered (while lingering)."""
+        at = self._delivered_at
+        return (
+            self._lingers
+            and not self._closing
+            and at is not None
+            and w.sent_at is not None
+            and w.sent_at < at
+        )
+
     @workflow.signal(name=DELIVERED_SIGNAL)
-    def delivered(self, caller: str) -> None:
-        """A proxy wrote this call's final answer to its client."""
+    def delivered(self, caller: str, at: float | None = None) -> None:
+        """A proxy wrote this call's final answer to its client (at ``at``, its clock)."""
         if self._outcome is not None and self._outcome.kind not in ("pending", "unknown"):
             self._delivered = True
+            if at is not None and (self._delivered_at is None or at < self._delivered_at):
+                self._delivered_at = at
+
+    @workflow.signal(name=NEXT_SIGNAL)
+    def next_call(self) -> None:
+        """An identical call sent after the answer was delivered waits for a new run."""
+        if self._delivered:
+            self._next = True
 
     @workflow.signal(name=WITHDRAW_SIGNAL)
     def withdraw(self, caller: str) -> None:

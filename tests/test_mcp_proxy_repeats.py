@@ -245,25 +245,21 @@ async def test_a_cancelled_write_gets_no_response_and_the_server_gets_the_cancel
         await raw.wait()
 
 
-async def test_a_retry_mode_history_from_before_the_linger_replays() -> None:
-    """Recorded before a delivered run lingered for earlier copies (the run ended at the
-    delivery): it replays on today's workflow, by the old path."""
-    history = json.loads((HISTORIES / "proxy_call_retry.json").read_text())
+@pytest.mark.parametrize(
+    "name",
+    [
+        # before retries and repeats were told apart (a ProxyCall input without a mode)
+        "proxy_call_window",
+        # mode retry, before a delivered run lingered for earlier copies (it ended at delivery)
+        "proxy_call_retry",
+    ],
+)
+async def test_a_proxy_call_history_of_an_older_shape_replays(name: str) -> None:
+    """Recorded by an older proxy: it replays on today's workflow, by the old path."""
+    history = json.loads((HISTORIES / f"{name}.json").read_text())
     replayer = Replayer(
         workflows=[ProxyCall, ApprovedProxyCall],
         plugins=[exactcall.Plugin(tools=[])],
         namespace="default",
     )
-    await replayer.replay_workflow(WorkflowHistory.from_json("proxy-retry", history))
-
-
-async def test_a_proxy_call_history_from_the_window_era_replays() -> None:
-    """Recorded before retries and repeats were told apart (a ``ProxyCall`` input without a
-    ``mode``): it replays on today's workflow, by the old path."""
-    history = json.loads((HISTORIES / "proxy_call_window.json").read_text())
-    replayer = Replayer(
-        workflows=[ProxyCall, ApprovedProxyCall],
-        plugins=[exactcall.Plugin(tools=[])],
-        namespace="default",
-    )
-    await replayer.replay_workflow(WorkflowHistory.from_json("proxy-window", history))
+    await replayer.replay_workflow(WorkflowHistory.from_json(name, history))

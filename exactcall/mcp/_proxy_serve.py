@@ -37,7 +37,7 @@ from urllib.parse import urlsplit
 import structlog
 import uvicorn
 
-from ._proxy_stdio import encode, parse
+from ._proxy_stdio import encode, parse, request_key
 from .proxy import DRAIN_TIMEOUT, Proxy, Session, make_upstream
 
 __all__ = ["HttpServe"]
@@ -89,17 +89,17 @@ class HttpClient:
         if "method" in msg and "id" in msg and self.stateless:
             self._count += 1
             unique = f"{self.session_id}-{self._count}"
-            self._ids[_rid(unique)] = msg["id"]
+            self._ids[request_key(unique)] = msg["id"]
             msg = {**msg, "id": unique}
             line = encode(msg)
         if "method" in msg and "id" in msg:
-            rid = _rid(msg["id"])
+            rid = request_key(msg["id"])
             queue = self._posts[rid] = asyncio.Queue()
             params = msg.get("params")
             meta = params.get("_meta") if isinstance(params, dict) else None
             token = meta.get("progressToken") if isinstance(meta, dict) else None
             if token is not None:
-                self._tokens[_rid(token)] = rid
+                self._tokens[request_key(token)] = rid
         self._inbox.put_nowait(line if line.endswith(b"\n") else line + b"\n")
         return queue, rid
 
@@ -142,7 +142,7 @@ class HttpClient:
     def send_line(self, line: bytes, written: Written = None) -> None:
         msg = parse(line)
         if msg is not None and "method" not in msg and "id" in msg:  # an answer: its stream
-            rid = _rid(msg["id"])
+            rid = request_key(msg["id"])
             queue = self._posts.get(rid)
             if queue is None:
                 _tell(written, False)  # its client went away: not delivered
@@ -155,7 +155,7 @@ class HttpClient:
         if msg is not None and msg.get("method") == "notifications/progress":
             params = msg.get("params")
             token = params.get("progressToken") if isinstance(params, dict) else None
-            target = self._posts.get(self._tokens.get(_rid(token), ""))
+            target = self._posts.get(self._tokens.get(request_key(token), ""))
         if target is None:
             target = self._get or next(reversed(self._posts.values()), None)
         if target is not None:
@@ -403,10 +403,6 @@ def _enveloped(msg: dict[str, Any]) -> bool:
     params = msg.get("params")
     meta = params.get("_meta") if isinstance(params, dict) else None
     return isinstance(meta, dict) and VERSION_META in meta
-
-
-def _rid(value: Any) -> str:
-    return json.dumps(value)
 
 
 async def _body(receive: Any) -> bytes | None:

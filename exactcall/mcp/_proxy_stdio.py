@@ -38,6 +38,7 @@ __all__ = [
     "UpstreamNotSent",
     "claim_stdio",
     "parse",
+    "request_key",
 ]
 
 ENVELOPE_PREFIX = "io.modelcontextprotocol/"
@@ -76,6 +77,11 @@ def parse(line: bytes) -> dict[str, Any] | None:
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def request_key(value: Any) -> str:
+    """A JSON-RPC id as a dict key (1 and "1" stay apart)."""
+    return json.dumps(value)
 
 
 def encode(message: dict[str, Any]) -> bytes:

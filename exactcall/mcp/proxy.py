@@ -63,6 +63,7 @@ from ._proxy_stdio import (
     UpstreamNotSent,
     claim_stdio,
     parse,
+    request_key,
 )
 from ._proxy_temporal import Temporal
 from ._proxy_workflow import bind_executor, proxy_tool
@@ -417,11 +418,13 @@ class Session:
         """Note what a client message means; True when the proxy answers it itself."""
         method, rid = msg.get("method"), msg.get("id")
         if method == "tools/list" and rid is not None:
-            self._lists.add(_rid(rid))
+            self._lists.add(request_key(rid))
         elif method == "notifications/cancelled":
             params = msg.get("params") or {}
             entry = (
-                self._calls.get(_rid(params.get("requestId"))) if isinstance(params, dict) else None
+                self._calls.get(request_key(params.get("requestId")))
+                if isinstance(params, dict)
+                else None
             )
             if entry is not None:  # the server never saw this request id: not forwarded
                 self.proxy.withdraw(entry[1])
@@ -430,7 +433,7 @@ class Session:
             call = await self._intercept(msg)
             if call is None:
                 return False
-            key = _rid(rid)
+            key = request_key(rid)
             task = asyncio.create_task(self._handle(call))
             self._calls[key] = (task, call)
             task.add_done_callback(lambda _t: self._calls.pop(key, None))
@@ -448,7 +451,7 @@ class Session:
             await self.proxy.learn_tools(self.upstream)
         decision = policy.decide(tool)
         if decision.action == "pass" or not isinstance(arguments, dict):
-            self._passthrough[_rid(msg["id"])] = (
+            self._passthrough[request_key(msg["id"])] = (
                 time.monotonic(),
                 tool,
                 _hash_or_none(self.proxy.name, tool, arguments),
@@ -470,7 +473,7 @@ class Session:
     def _from_upstream(self, line: bytes, msg: dict[str, Any] | None) -> None:
         if msg is not None and "method" not in msg and "id" in msg:
             self.upstream.note_server_message(msg)
-            rid = _rid(msg["id"])
+            rid = request_key(msg["id"])
             if rid in self._lists:
                 self._lists.discard(rid)
                 self.proxy.policy.learn(msg.get("result"))
@@ -520,11 +523,6 @@ class Session:
 
 def _result(request_id: Any, result: dict[str, Any]) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": request_id, "result": result}
-
-
-def _rid(value: Any) -> str:
-    """A JSON-RPC id as a dict key (1 and "1" stay apart)."""
-    return json.dumps(value)
 
 
 def _hash_or_none(server: str, tool: str, arguments: Any) -> str | None:

@@ -32,6 +32,7 @@ from temporalio.worker import (
 
 from ._model import Intent, WireIntent, intent_from_input
 from ._tool import registered_tools
+from ._wire import AWAIT_SETTLED, MCP_PROXY_AWAIT_SETTLED
 
 __all__ = ["ReplayReport", "load_history", "recorded_intents", "replay_histories"]
 
@@ -110,6 +111,7 @@ async def recorded_intents(
     return out
 
 
+_WAITS = frozenset({AWAIT_SETTLED, MCP_PROXY_AWAIT_SETTLED})
 _INTENT_FIELDS = frozenset({"args_hash", "key", "tool", "step", "tool_version", "workflow_id"})
 
 
@@ -117,6 +119,8 @@ def _looks_like_a_call(activity_type: str, payloads: Sequence[Any], tools: set[s
     """Why an activity looks like an exactcall call, or None (a plain activity)."""
     if activity_type in tools:
         return f"{activity_type!r} is a registered exactcall tool"
+    if activity_type in _WAITS:  # exactcall's own, on a reconciliation id: not a call
+        return None
     if activity_type.startswith("exactcall."):
         return "an exactcall activity type"
     for payload in payloads:

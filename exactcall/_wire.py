@@ -29,6 +29,7 @@ __all__ = [
     "DECIDE_SIGNAL",
     "JOINED_SIGNAL",
     "JOINS_STARTED_RECONCILIATION",
+    "JOIN_CANCELLED_BEFORE_SENT",
     "KEY_SCHEME",
     "LANGGRAPH_APPROVAL_INTERRUPT",
     "LANGGRAPH_CALL_ID_FIELD",
@@ -210,6 +211,10 @@ before it waited in an activity."""
 CANCELLED_WHILE_JOINING = "exactcall.cancelled-while-joining"
 """Patch: a call cancelled while its join signal was in flight ends cancelled (the SDK lets a
 sent signal finish and drops the cancellation); histories from before it waited on."""
+JOIN_CANCELLED_BEFORE_SENT = "exactcall.join-cancelled-before-sent"
+"""Patch: a call cancelled before its join signal was sent (the SDK then fails the signal with
+CancelledError, a FailureError) ends cancelled; before, that error was taken for "the
+reconciliation has closed" and the workflow waited for a person's verdict in an activity."""
 TELLS_THE_CALL = "exactcall.reconcile-tells-the-call"
 """Patch: a reconciliation that is not a child signals its verdict to the call's workflow."""
 READ_PATH_BY_DECLARATION = "exactcall.read-path-by-declaration"

@@ -18,6 +18,7 @@ from temporalio.common import RetryPolicy
 from temporalio.worker import (
     Interceptor,
     SignalExternalWorkflowInput,
+    StartChildWorkflowInput,
     WorkflowInboundInterceptor,
     WorkflowInterceptorClassInput,
     WorkflowOutboundInterceptor,
@@ -207,6 +208,30 @@ class HoldsTheJoin(Interceptor):
                     hold.reached.set()
                     hold.go.wait(1.5)  # under the deadlock detector's 2 s
                 return await super().signal_external_workflow(input)
+
+        class Inbound(WorkflowInboundInterceptor):
+            def init(self, outbound: WorkflowOutboundInterceptor) -> None:
+                super().init(Outbound(outbound))
+
+        return Inbound
+
+
+class SeesTheChildStart(Interceptor):
+    """Says when a workflow asks to start a reconciliation as its child (the test then stops
+    the worker, so the start's failure and a cancellation land in one workflow task)."""
+
+    def __init__(self) -> None:
+        self.reached = threading.Event()
+
+    def workflow_interceptor_class(
+        self, input: WorkflowInterceptorClassInput
+    ) -> type[WorkflowInboundInterceptor]:
+        sees = self
+
+        class Outbound(WorkflowOutboundInterceptor):
+            async def start_child_workflow(self, input: StartChildWorkflowInput) -> Any:
+                sees.reached.set()
+                return await super().start_child_workflow(input)
 
         class Inbound(WorkflowInboundInterceptor):
             def init(self, outbound: WorkflowOutboundInterceptor) -> None:

@@ -28,6 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError
 
 from exactcall import approvals
@@ -37,7 +38,7 @@ from exactcall._verdicts import reconcile_id
 from exactcall._worker import Connection, connect
 from exactcall.activities import Record
 from exactcall.demo.bank import Bank
-from tests.cancel_app import HoldsTheJoin  # and its tools
+from tests.cancel_app import HoldsTheJoin, SeesTheChildStart  # and its tools
 from tests.conftest import plan, running_worker, step
 from tests.workflows import Agent, Rounds
 
@@ -113,6 +114,8 @@ async def main() -> None:
                 await _save(client, wf.id, "reconciliation")
             if wanted("cancel_while_joining_patched"):
                 await _save_cancel_while_joining(client, bank)
+            if wanted("cancel_before_join_sent_patched"):
+                await _save_cancel_before_join_sent(client, bank)
             if wanted("reconciliation_marked", "reconciliation_marked_agent"):
                 await _save_reconciliation(client, bank, "reconciliation_marked")
             if wanted("reconciliation_at_start", "reconciliation_at_start_agent"):
@@ -159,6 +162,34 @@ async def _save_cancel_while_joining(client: Client, bank: Bank) -> None:
         with contextlib.suppress(WorkflowFailureError):
             await h.result()
         await _save(client, h.id, "cancel/cancel_while_joining_patched")
+
+
+async def _save_cancel_before_join_sent(client: Client, bank: Bank) -> None:
+    """The same call, cancelled in the workflow task that learns its reconciliation runs
+    already (the worker is stopped after the child start is asked, so the start's failure
+    and the cancellation land in one task): the join signal is cancelled before it is sent.
+    ``cancel/cancel_before_join_sent.json`` is the same run recorded before the patch
+    ``exactcall.join-cancelled-before-sent`` (the workflow then waited in an activity for a
+    person's verdict); keep it."""
+    sees = SeesTheChildStart()
+    async with running_worker(client, "histories-child", interceptors=[sees]):
+        h = await client.start_workflow(
+            Agent.run,
+            plan(step("cancel_pay_then_fail", bank.url, 10, "before-join")),
+            id="hist-cancel-before-join-sent",
+            task_queue="histories-child",
+        )
+        await asyncio.to_thread(sees.reached.wait, 30)
+    for _ in range(200):
+        events = [e.event_type async for e in h.fetch_history_events()]
+        if EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_FAILED in events:
+            break
+        await asyncio.sleep(0.05)
+    await h.cancel()
+    async with running_worker(client, "histories-child"):
+        with contextlib.suppress(WorkflowFailureError, TimeoutError):
+            await asyncio.wait_for(h.result(), 10)
+        await _save(client, h.id, "cancel/cancel_before_join_sent_patched")
 
 
 async def _intents(client: Client, workflow_id: str) -> Any:

@@ -32,7 +32,14 @@ from exactcall.demo.bank import Bank
 from exactcall.testing import WorkerProcess, assert_replays
 from exactcall.workflows import MARK_SIGNAL, record_id
 from exactcall.workflows._unknown import CANCELLED_SIGNAL
-from tests.cancel_app import HELD, SAW_CANCEL, AbandonsApproval, HoldsTheJoin, SharedKey
+from tests.cancel_app import (
+    HELD,
+    SAW_CANCEL,
+    AbandonsApproval,
+    HoldsTheJoin,
+    SeesTheChildStart,
+    SharedKey,
+)
 from tests.conftest import ROOT, WORKFLOWS, plan, start_agent, step
 
 RUNNING = PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
@@ -419,6 +426,44 @@ async def test_cancelled_while_waiting_for_the_verdict_the_reconciliation_goes_o
     verdict = await settled(client, intent)
     assert (verdict.outcome, verdict.error_type) == ("failed", "Cancelled")
     assert (await record(client, intent)).phase == "idle"
+    assert bank.count(to=who) == 1  # the one payment the tool made; never re-sent
+
+
+async def test_cancelled_before_the_join_signal_is_sent_ends_cancelled(
+    client: Client, tq: str, bank: Bank, who: str
+) -> None:
+    # The same call, cancelled in the workflow task that learns the reconciliation runs
+    # already (its child start failed): the join signal is cancelled before it is sent, and
+    # the SDK fails it with CancelledError. The worker is stopped after the start is asked,
+    # so the start's failure and the cancellation land in one task, every time (left to
+    # timing, 1 run in 5 to 15 hung: the error was taken for "the reconciliation has
+    # closed" and the workflow waited for a person's verdict).
+    sees = SeesTheChildStart()
+    async with build(client, tq, interceptors=[sees]):
+        handle = await start_agent(client, tq, plan(step("cancel_pay_then_fail", bank.url, 2, who)))
+        assert await asyncio.to_thread(sees.reached.wait, 30)
+    for _ in range(200):  # the worker is gone: the failed start waits in history
+        types = [e.event_type async for e in handle.fetch_history_events()]
+        if EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_FAILED in types:
+            break
+        await asyncio.sleep(0.05)
+    await handle.cancel()
+    async with build(client, tq):
+        await asyncio.wait_for(cancel(handle), 30)
+        types = [e.event_type async for e in handle.fetch_history_events()]
+        failed = types.index(EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_FAILED)
+        asked = types.index(EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED)
+        task = EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED
+        started = [i for i, t in enumerate(types) if t == task]
+        assert failed < asked < min(i for i in started if i > failed)  # one task sees both
+        assert EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED not in types[asked:]  # no wait
+        # the reconciliation was told, so "not landed" releases the key instead of re-sending
+        [row] = await listed(reconciliation.list_unresolved, client, handle.id)
+        res = await reconciliation.resolve(client, handle.id, row.step, "not_landed", by="oncall")
+        assert res.accepted
+        [intent] = (await intents(client, handle)).values()
+        verdict = await asyncio.wait_for(settled(client, intent), 30)
+    assert (verdict.outcome, verdict.error_type) == ("failed", "Cancelled")
     assert bank.count(to=who) == 1  # the one payment the tool made; never re-sent
 
 

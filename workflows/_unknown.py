@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import FailureError, WorkflowAlreadyStartedError
+from temporalio.exceptions import FailureError, WorkflowAlreadyStartedError, is_cancelled_exception
 from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
 
 from exactcall._errors import AmbiguousOutcome, ToolFailed
@@ -31,6 +31,7 @@ from exactcall._wire import AWAIT_SETTLED as AWAIT_SETTLED
 from exactcall._wire import CANCELLED_MEMO as CANCELLED_MEMO
 from exactcall._wire import CANCELLED_SIGNAL as CANCELLED_SIGNAL
 from exactcall._wire import CANCELLED_WHILE_JOINING as CANCELLED_WHILE_JOINING
+from exactcall._wire import JOIN_CANCELLED_BEFORE_SENT
 from exactcall._wire import JOINS_STARTED_RECONCILIATION as JOINS_STARTED_RECONCILIATION
 from exactcall._wire import SETTLE_PREFIX as SETTLE_PREFIX
 from exactcall._wire import SETTLED_BY_SIGNAL as SETTLED_BY_SIGNAL
@@ -134,7 +135,10 @@ async def _joined(intent: Intent, cancelled: Callable[[], bool]) -> Settled:
     cid = reconcile_id(intent.key)
     try:  # accepted only while it runs: then its verdict reaches this run, which is current
         await workflow.get_external_workflow_handle(cid).signal(JOINED_SIGNAL)
-    except FailureError:
+    except FailureError as err:
+        # cancelled before the signal went out: the caller tells the reconciliation and ends
+        if is_cancelled_exception(err) and workflow.patched(JOIN_CANCELLED_BEFORE_SENT):
+            raise
         if intent.key not in st.settled:
             return await _await_settled(cid)  # it has closed: its result is there
     await workflow.wait_condition(lambda: intent.key in st.settled or cancelled())

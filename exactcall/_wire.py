@@ -226,13 +226,12 @@ MARKS_BY_ACTIVITY = "exactcall.marks-by-activity"
 has closed (records close by themselves); before, by an external signal."""
 RECONCILE_DECIDES_AT_START = "exactcall.reconcile-decides-at-start"
 """Patch, taken before the first await of a reconciliation's run (its first workflow task):
-such runs mark by local activity, tell the call, pin their search-attribute choice and settle
-the budget charges their input carries, without asking a patch later. Replaying, ``patched``
-is true only for a marker of the workflow task being replayed, so a patch asked late (after a
-local activity, a wait for a person, and a registry lookup that depends on the replaying
-worker's imports) is the one place the run's commands could differ on replay; CI saw
-``reconcile-tells-the-call`` fail replay that way under load. Runs recorded before it keep the
-per-use patches above."""
+such runs pin their search-attribute choice there, tell the call without asking
+``reconcile-tells-the-call``, and settle the budget charges their input carries instead of
+looking the tool up in the replaying worker's registry (whose imports then decided the run's
+commands: a budgeted tool's reconciliation failed replay wherever the tool was not imported).
+CI saw ``reconcile-tells-the-call`` fail replay under load; runs recorded before this patch
+keep the per-use patches above."""
 
 
 # -- budgets ---------------------------------------------------------------------------------

@@ -290,7 +290,11 @@ class Reconcile:
     async def _mark(self, inp: ReconcileInput, kind: str, **fields: Any) -> None:
         owner = Owner(run_id=workflow.info().run_id, activity_id="reconcile")
         ev = RecordEvent(kind=kind, owner=owner, attempt=0, **fields)  # type: ignore[arg-type]
-        if not self._decided_at_start and not workflow.patched(MARKS_BY_ACTIVITY):
+        # asked in every run (its marker is the command before the local activity: a task
+        # whose first command is a local activity never completes on a worker that caches no
+        # workflows; it times out and runs again)
+        by_activity = workflow.patched(MARKS_BY_ACTIVITY)
+        if not (self._decided_at_start or by_activity):
             await mark_from_workflow(inp.intent.key, ev)
             return
         await workflow.execute_local_activity(

@@ -219,6 +219,9 @@ class Caller:
         called (from any thread) once it was written. A written answer is signalled to the
         call's workflow (``exactcall.mcp.delivered``), which then ends, so the next identical
         call is a new call; an identical call from this proxy waits for that first."""
+        # before the write: a request that answers this answer arrives later, so only copies
+        # sent before this moment are taken for retries of it
+        queued_at = time.time()
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
         self._delivering[workflow_id] = done
@@ -235,16 +238,15 @@ class Caller:
                 handle = client.get_workflow_handle(workflow_id)
                 await handle.signal(DELIVERED_SIGNAL, args=[caller, at])
 
-        def after(ok: bool, at: float) -> None:
+        def after(ok: bool) -> None:
             if ok:
-                asyncio.ensure_future(signal(at)).add_done_callback(finish)
+                asyncio.ensure_future(signal(queued_at)).add_done_callback(finish)
             else:  # it reached no client: the run keeps the outcome for a retry
                 finish()
 
         def written(ok: bool) -> None:
-            at = time.time()
             with contextlib.suppress(RuntimeError):  # the loop has closed
-                loop.call_soon_threadsafe(after, ok, at)
+                loop.call_soon_threadsafe(after, ok)
 
         return written
 

@@ -9,7 +9,7 @@ What an identical call gets depends on the run's ``mode`` (``CallInput.mode``):
   retry: while the call runs, or while its final answer has reached no client (the request
   was cancelled, the client or the proxy went away), for up to ``hold_seconds``. A proxy that
   wrote the final answer to its client signals ``exactcall.mcp.delivered`` (with the time it
-  wrote it), so the next identical call is a new call (a new run, a new step
+  queued it for the client), so the next identical call is a new call (a new run, a new step
   ``tool@<start ms>``, a new derived key) and runs. Copies whose clients sent them before
   that time are retries wherever they arrive from: the run lingers up to ``LINGER`` for
   those still on their way (another proxy's, slowed by load), and ends as soon as a copy
@@ -311,7 +311,7 @@ class ProxyCall:
 
     @workflow.signal(name=DELIVERED_SIGNAL)
     def delivered(self, caller: str, at: float | None = None) -> None:
-        """A proxy wrote this call's final answer to its client (at ``at``, its clock)."""
+        """A proxy wrote this call's final answer to its client (queued at ``at``, its clock)."""
         if self._outcome is not None and self._outcome.kind not in ("pending", "unknown"):
             self._delivered = True
             if at is not None and (self._delivered_at is None or at < self._delivered_at):

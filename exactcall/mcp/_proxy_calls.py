@@ -45,6 +45,7 @@ from . import KEY_META as CLIENT_KEY_META
 from ._proxy_policy import duration_text
 from ._proxy_workflow import (
     APPROVED_WORKFLOW,
+    DELIVERED_AT,
     DELIVERED_SIGNAL,
     NEXT_SIGNAL,
     WAIT_UPDATE,
@@ -236,7 +237,9 @@ class Caller:
             with contextlib.suppress(Exception):  # the run ended meanwhile: nothing to tell
                 client = await get_client()
                 handle = client.get_workflow_handle(workflow_id)
-                await handle.signal(DELIVERED_SIGNAL, args=[caller, at])
+                # one string argument: a worker of an older proxy (one argument, which it
+                # ignores) takes it as well
+                await handle.signal(DELIVERED_SIGNAL, f"{caller}{DELIVERED_AT}{at!r}")
 
         def after(ok: bool) -> None:
             if ok:

@@ -73,6 +73,7 @@ from exactcall.workflows._state import state
 __all__ = [
     "APPROVED_WORKFLOW",
     "AWAIT_SETTLED",
+    "DELIVERED_AT",
     "DELIVERED_SIGNAL",
     "LINGER",
     "NEXT_SIGNAL",
@@ -91,6 +92,8 @@ __all__ = [
 
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+DELIVERED_AT = " delivered-at="
+"""Between the caller and the time in the delivered signal's one argument."""
 LINGER = timedelta(seconds=5)
 """How long a delivered run (mode ``retry``) waits for identical calls sent before its answer
 was delivered: copies from other proxies still on their way (a new call ends it sooner)."""
@@ -310,8 +313,11 @@ class ProxyCall:
         )
 
     @workflow.signal(name=DELIVERED_SIGNAL)
-    def delivered(self, caller: str, at: float | None = None) -> None:
-        """A proxy wrote this call's final answer to its client (queued at ``at``, its clock)."""
+    def delivered(self, caller: str) -> None:
+        """A proxy wrote this call's final answer to its client; ``caller`` ends with
+        ``DELIVERED_AT`` and when it was queued (its clock), from proxies that send it."""
+        _, sep, when = caller.rpartition(DELIVERED_AT)
+        at = float(when) if sep and when.replace(".", "", 1).isdigit() else None
         if self._outcome is not None and self._outcome.kind not in ("pending", "unknown"):
             self._delivered = True
             if at is not None and (self._delivered_at is None or at < self._delivered_at):

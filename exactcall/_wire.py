@@ -42,6 +42,11 @@ __all__ = [
     "MCP_PROXY_ID_PREFIX",
     "MCP_PROXY_LINGERS",
     "MCP_PROXY_NEXT_SIGNAL",
+    "MCP_PROXY_OWNED_WORKFLOW",
+    "MCP_PROXY_OWNER_ALIVE_SIGNAL",
+    "MCP_PROXY_OWNER_REPORT_SIGNAL",
+    "MCP_PROXY_OWNER_REPORT_UPDATE",
+    "MCP_PROXY_OWNER_WITHDRAW_UPDATE",
     "MCP_PROXY_TOOL",
     "MCP_PROXY_WAIT_UPDATE",
     "MCP_PROXY_WITHDRAW_SIGNAL",
@@ -92,6 +97,9 @@ RUN_CLAIM_WORKFLOW = "exactcall.RunClaim"
 """A workflow id's run claim (never registered: it runs no code)."""
 MCP_PROXY_WORKFLOW = "exactcall.mcp.ProxyCall"
 MCP_PROXY_APPROVED_WORKFLOW = "exactcall.mcp.ProxyCallApproved"
+MCP_PROXY_OWNED_WORKFLOW = "exactcall.mcp.ProxyOwnedCall"
+"""A write call that the proxy which started the run sends itself (no activity): the run
+holds its identity and outcome for retries, and its intent is the run's input."""
 MCP_PROXY_ID_PREFIX = "exactcall-proxy-"
 """Workflow ids of the MCP proxy's calls start with it."""
 
@@ -161,6 +169,15 @@ MCP_PROXY_WITHDRAW_SIGNAL = "exactcall.mcp.withdraw"
 MCP_PROXY_NEXT_SIGNAL = "exactcall.mcp.next"
 """An identical call sent after the answer was delivered waits for a new run: the lingering
 run ends now."""
+MCP_PROXY_OWNER_REPORT_SIGNAL = "exactcall.mcp.owner-report"
+"""The proxy that owns a ProxyOwnedCall run: what the call did (sent before it answers)."""
+MCP_PROXY_OWNER_REPORT_UPDATE = "exactcall.mcp.owner-report-now"
+"""The same report, answered once the run acted on it (an unknown outcome's reconciliation
+has started)."""
+MCP_PROXY_OWNER_ALIVE_SIGNAL = "exactcall.mcp.owner-alive"
+"""The owning proxy still waits for the server (every second while a call runs)."""
+MCP_PROXY_OWNER_WITHDRAW_UPDATE = "exactcall.mcp.owner-withdraw"
+"""The owning proxy's client cancelled: whether any other caller still waits."""
 MCP_PROXY_LINGERS = "exactcall.mcp.lingers"
 """Patch, asked before the run's first await: in mode ``retry``, a delivered run stays open a
 few seconds for identical calls sent before the answer was delivered (copies still on their

@@ -24,11 +24,17 @@ from exactcall._server import DevServer
 from exactcall.mcp._proxy_workflow import (
     LINGER,
     NEXT_SIGNAL,
+    OWNED_WORKFLOW,
+    OWNER_ALIVE_SIGNAL,
+    OWNER_LEASE,
+    OWNER_REPORT_SIGNAL,
     WAIT_UPDATE,
     ApprovedProxyCall,
     Outcome,
+    OwnedProxyCall,
     ProxyCall,
     Wait,
+    owned_key,
 )
 from tests.mcp_proxy_client import (
     DEDUP,
@@ -61,6 +67,70 @@ async def test_deliberate_repeats_run_every_time(server: DevServer, tmp_path: Pa
     assert toggles == ["off", "on", "off"]
     assert p.count("increment") == 3
     assert [text(r) for r in (first, second, third)] == ["count is 1", "count is 2", "count is 3"]
+
+
+async def _events(client: TemporalClient, wid: str) -> list[Any]:
+    return [e async for e in client.get_workflow_handle(wid).fetch_history_events()]
+
+
+async def test_a_write_is_sent_by_its_proxy_and_recorded_before_and_after(
+    server: DevServer, client: TemporalClient, tmp_path: Path
+) -> None:
+    """The fast path: the proxy starts the call's run (the intent, in its input), sends the
+    call itself with the derived key (no activity), and reports the outcome to the run."""
+    async with proxied(tmp_path, name=fresh(), address=server.address) as p:
+        r = await p.client.call_tool("append", {"line": "own"})
+        wid, step = await _audited(p)
+        assert p.keys("append") == [owned_key("default", wid, step)]
+        assert (await client.get_workflow_handle(wid).describe()).workflow_type == OWNED_WORKFLOW
+        # the run ends after its start delay and the linger, on the proxy's worker
+        done = await client.get_workflow_handle(wid, result_type=Outcome).result()
+    assert not r.is_error and p.count("append") == 1
+    assert done.kind == "done" and done.result is not None
+    assert done.result["content"][0]["text"] == text(r)  # what the client read is recorded
+    events = await _events(client, wid)
+    kinds = [e.WhichOneof("attributes") for e in events]
+    assert not any("activity_task" in k for k in kinds)  # sent by the proxy, not an activity
+    assert _signals(events) == [OWNER_REPORT_SIGNAL]
+
+
+@pytest.mark.crash
+async def test_a_write_longer_than_the_lease_is_kept_alive_and_done(
+    server: DevServer, client: TemporalClient, tmp_path: Path
+) -> None:
+    """A write the server takes longer than the lease over is not taken for a dead proxy:
+    the proxy's keepalives hold it; it is done, once, and a retry is not needed."""
+    seconds = OWNER_LEASE.total_seconds() + 2
+    async with proxied(tmp_path, name=fresh(), address=server.address) as p:
+        r = await p.client.call_tool("slow_append", {"line": "long", "seconds": seconds})
+        wid, _ = await _audited(p)
+        done = await client.get_workflow_handle(wid, result_type=Outcome).result()
+    assert not r.is_error and p.count("slow_append") == 1
+    assert done.kind == "done"
+    events = await _events(client, wid)
+    names = _signals(events)
+    assert names.count(OWNER_ALIVE_SIGNAL) >= int(seconds) - 1
+    assert names[-1] == OWNER_REPORT_SIGNAL
+    assert not any(
+        e.HasField("start_child_workflow_execution_initiated_event_attributes") for e in events
+    )
+
+
+async def _audited(p: Any) -> tuple[str, str]:
+    """The workflow id and step of the proxy's last call, from its audit (written just
+    after the answer)."""
+    await eventually(lambda: p.audit.exists() and bool(p.audit_rows()))
+    row = p.audit_rows()[-1]
+    assert row["outcome"] == "executed"
+    return row["workflow_id"], row["step"]
+
+
+def _signals(events: list[Any]) -> list[str]:
+    return [
+        e.workflow_execution_signaled_event_attributes.signal_name
+        for e in events
+        if e.HasField("workflow_execution_signaled_event_attributes")
+    ]
 
 
 async def test_three_concurrent_identical_copies_run_once(
@@ -258,7 +328,7 @@ async def test_a_proxy_call_history_of_an_older_shape_replays(name: str) -> None
     """Recorded by an older proxy: it replays on today's workflow, by the old path."""
     history = json.loads((HISTORIES / f"{name}.json").read_text())
     replayer = Replayer(
-        workflows=[ProxyCall, ApprovedProxyCall],
+        workflows=[ProxyCall, ApprovedProxyCall, OwnedProxyCall],
         plugins=[exactcall.Plugin(tools=[])],
         namespace="default",
     )

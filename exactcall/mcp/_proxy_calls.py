@@ -22,9 +22,10 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import structlog
 from temporalio.client import (
     Client,
     WithStartWorkflowOperation,
@@ -38,6 +39,7 @@ from temporalio.service import RPCError
 
 import exactcall
 from exactcall._errors import IntentConflict
+from exactcall._verdicts import reconcile_id
 from exactcall.reconciliation import state as reconciliation_state
 
 from . import DEDUPLICATED_META
@@ -48,17 +50,26 @@ from ._proxy_workflow import (
     DELIVERED_AT,
     DELIVERED_SIGNAL,
     NEXT_SIGNAL,
+    OWNED_WORKFLOW,
+    OWNER_ALIVE_SIGNAL,
+    OWNER_DELAY,
+    OWNER_REPORT_SIGNAL,
+    OWNER_REPORT_UPDATE,
+    OWNER_WITHDRAW_UPDATE,
     WAIT_UPDATE,
     WITHDRAW_SIGNAL,
     WORKFLOW,
     CallInput,
     Outcome,
+    Report,
     Wait,
+    owned_key,
     proxy_tool,
 )
 
 __all__ = ["Call", "Caller", "Reply", "identity", "tool_error"]
 
+log = structlog.get_logger("exactcall")
 OUTCOME_META = "io.exactcall/outcome"
 MAX_CLIENT_KEY = 200
 WAIT_SLICE = 30.0
@@ -66,6 +77,14 @@ SHORT_SLICE = 2.0
 MAX_KEPT_METAS = 1000
 NEW_RUN_TRIES = 100
 """Attempts to start a new run while the previous identical call's run is ending."""
+KEEPALIVE = 1.0
+"""How often the proxy sending an owned call tells its run that it still waits (seconds)."""
+REPORT_WAIT = 2.0
+"""How long an owned call's report waits to say whether its answer was written (seconds)."""
+REPORT_TRIES = 20
+REPORT_RPC_TIMEOUT = 2.0
+Send = Callable[[str, str, dict[str, Any], dict[str, Any], str], Awaitable[dict[str, Any]]]
+"""``send(workflow_id, tool, arguments, extra, key)``: the call to this proxy's server."""
 FINAL = frozenset({"done", "failed", "denied", "abandoned", "cancelled"})
 
 
@@ -176,6 +195,14 @@ class Caller:
         self.metas: dict[str, dict[str, Any]] = {}
         self.origins: dict[str, Any] = {}
         self._delivering: dict[str, asyncio.Future[None]] = {}
+        self.send: Send | None = None
+        self.get_client: Callable[[], Awaitable[Client]] = _no_client
+        """Set by a proxy that sends its own calls (owned runs); None: every call goes
+        through the proxy tool's activity."""
+        self._owned: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._answered: dict[str, asyncio.Future[float | None]] = {}
+        """Owned calls whose report waits for the answer's delivery, by workflow id."""
+        self._late: set[asyncio.Future[Any]] = set()
 
     async def run(self, client: Client, call: Call) -> Reply:
         try:
@@ -203,7 +230,8 @@ class Caller:
                 await asyncio.wait_for(asyncio.shield(delivering), 5)
         self._keep_meta(wid, call)
         try:
-            outcome = await self._outcome(client, call, inp, wid, ident.reuse, sent_at)
+            own = mode == "retry" and not call.approval and self.send is not None
+            outcome = await self._outcome(client, call, inp, wid, ident.reuse, sent_at, own)
         except ApplicationError as err:  # refused by the workflow: another call's identity
             text = f"refused: {err.message}"
             ids = {"workflow_id": wid, "step": inp.step, "args_hash": inp.args_hash}
@@ -224,6 +252,18 @@ class Caller:
         # sent before this moment are taken for retries of it
         queued_at = time.time()
         loop = asyncio.get_running_loop()
+        answered = self._answered.pop(workflow_id, None)
+        if answered is not None:  # an owned call: its report says it
+
+            def told(ok: bool) -> None:
+                if not answered.done():
+                    answered.set_result(queued_at if ok else None)
+
+            def written_owned(ok: bool) -> None:
+                with contextlib.suppress(RuntimeError):  # the loop has closed
+                    loop.call_soon_threadsafe(told, ok)
+
+            return written_owned
         done: asyncio.Future[None] = loop.create_future()
         self._delivering[workflow_id] = done
 
@@ -253,9 +293,23 @@ class Caller:
 
         return written
 
+    def not_delivered(self, workflow_id: str | None) -> None:
+        """The answer of the call of ``workflow_id`` is not written to any client."""
+        answered = self._answered.pop(workflow_id or "", None)
+        if answered is not None and not answered.done():
+            answered.set_result(None)
+
     async def withdraw(self, client: Client, call: Call) -> None:
-        """The client cancelled ``call``: once no other caller waits, its workflow cancels it."""
+        """The client cancelled ``call``: once no other caller waits, its workflow cancels it
+        (an owned call: this proxy does, when its run says no other caller waits)."""
         if call.workflow_id is None:
+            return
+        sending = self._owned.get(call.caller)
+        if sending is not None:
+            handle = client.get_workflow_handle(call.workflow_id)
+            with contextlib.suppress(Exception):  # ended, or unreachable: it goes on
+                if await handle.execute_update(OWNER_WITHDRAW_UPDATE, result_type=bool):
+                    sending.cancel()
             return
         with contextlib.suppress(Exception):
             await client.get_workflow_handle(call.workflow_id).signal(WITHDRAW_SIGNAL, call.caller)
@@ -288,6 +342,7 @@ class Caller:
         wid: str,
         reuse: WorkflowIDReusePolicy,
         sent_at: float,
+        own: bool = False,
     ) -> Outcome:
         first = Wait(
             caller=inp.caller, args_hash=inp.args_hash, timeout_seconds=WAIT_SLICE, sent_at=sent_at
@@ -295,6 +350,23 @@ class Caller:
         asked_next = False
         ended = 0  # the run ended as the update arrived (or an error): start anew
         for attempt in range(NEW_RUN_TRIES):
+            if own:  # this proxy sends it, if no run holds the identity
+                try:
+                    await client.start_workflow(
+                        OWNED_WORKFLOW,
+                        inp,
+                        id=wid,
+                        task_queue=self.task_queue,
+                        id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+                        id_reuse_policy=reuse,
+                        start_delay=OWNER_DELAY,
+                        static_summary=f"MCP {self.server}.{call.tool} {inp.args_hash[:12]}",
+                    )
+                except WorkflowAlreadyStartedError:
+                    pass  # a run holds it: attach to it below
+                else:
+                    call.workflow_id = wid
+                    return await self._own(client, call, inp, wid)
             try:
                 handle = await client.start_update_with_start_workflow(
                     WAIT_UPDATE,
@@ -324,6 +396,133 @@ class Caller:
                 if ended == 3:
                     raise
         raise RuntimeError(f"{wid}: the previous identical call's run did not end")
+
+    async def _own(self, client: Client, call: Call, inp: CallInput, wid: str) -> Outcome:
+        """Send an owned call to the server and answer; report its outcome to its run once
+        the answer is written (or known not to be), with when it was. While the server works
+        on it, a keepalive every second; a proxy that dies leaves no report, and the run
+        makes the outcome unknown (never sent again by itself)."""
+        assert self.send is not None
+        handle = client.get_workflow_handle(wid)
+        key = owned_key(client.namespace, wid, inp.step)
+        sending = asyncio.ensure_future(self.send(wid, call.tool, call.arguments, call.extra, key))
+        self._owned[call.caller] = sending
+        if call.cancelled:  # cancelled while the run was being started
+            await self.withdraw(client, call)
+        try:
+            while not sending.done():
+                await asyncio.wait({sending}, timeout=KEEPALIVE)
+                if not sending.done():
+                    alive = handle.signal(OWNER_ALIVE_SIGNAL)
+                    self._later(asyncio.wait_for(alive, REPORT_RPC_TIMEOUT))
+        except asyncio.CancelledError:  # this proxy stops: report it if it ends in time
+            sending.add_done_callback(
+                lambda f: self._later(self._report(wid, self._reported(call, f), None))
+            )
+            raise
+        finally:
+            self._owned.pop(call.caller, None)
+        report = self._reported(call, sending)
+        outcome = self._owned_outcome(inp, wid, report, key)
+        if report.kind == "unknown":  # answered once its reconciliation has started
+            try:
+                await handle.execute_update(OWNER_REPORT_UPDATE, report, result_type=bool)
+            except (WorkflowUpdateFailedError, RPCError) as err:
+                log.warning("mcp_proxy.report_lost", workflow_id=wid, error=str(err))
+            return outcome
+        answered: asyncio.Future[float | None] = asyncio.get_running_loop().create_future()
+        if outcome.kind in FINAL and not outcome.released and not call.cancelled:
+            self._answered[wid] = answered
+        else:
+            answered.set_result(None)
+        reported: asyncio.Future[None] = asyncio.ensure_future(self._report(wid, report, answered))
+        self._delivering[wid] = reported  # an identical call from here waits for it
+
+        def forget(_: Any) -> None:
+            if self._delivering.get(wid) is reported:
+                del self._delivering[wid]
+            if self._answered.get(wid) is answered:
+                del self._answered[wid]
+
+        reported.add_done_callback(forget)
+        self._late.add(reported)
+        reported.add_done_callback(self._late.discard)
+        return outcome
+
+    async def drain(self) -> None:
+        """Before the proxy stops: let the reports of answered calls reach their runs."""
+        if self._late:
+            await asyncio.wait(set(self._late), timeout=REPORT_WAIT + 3)
+
+    def _later(self, aw: Awaitable[Any]) -> None:
+        async def quietly() -> None:
+            with contextlib.suppress(Exception):
+                await aw
+
+        task = asyncio.ensure_future(quietly())
+        self._late.add(task)
+        task.add_done_callback(self._late.discard)
+
+    @staticmethod
+    def _reported(call: Call, sending: asyncio.Future[dict[str, Any]]) -> Report:
+        at = datetime.now(UTC).isoformat(timespec="seconds")
+        withdrawn = call.cancelled
+        if sending.cancelled():
+            message = "cancelled before it was sent"
+            return Report(kind="not_sent", message=message, withdrawn=True, at=at)
+        exc = sending.exception()
+        if exc is None:
+            return Report(kind="done", result=sending.result(), withdrawn=withdrawn, at=at)
+        if isinstance(exc, exactcall.NotExecuted):
+            message = f"it did not happen: {exc.message}"
+            return Report(kind="not_sent", message=message, withdrawn=withdrawn, at=at)
+        return Report(kind="unknown", message=f"{exc}", withdrawn=withdrawn, at=at)
+
+    async def _report(
+        self, wid: str, report: Report, answered: asyncio.Future[float | None] | None
+    ) -> None:
+        """Tell the run what the call did, and whether (when) its answer was written; tried
+        for a few seconds, through the proxy's current client (after a takeover, the new
+        server's). A run that gets no report makes the outcome unknown: safe, but a person
+        then has to decide."""
+        if answered is not None:
+            try:
+                at = await asyncio.wait_for(asyncio.shield(answered), REPORT_WAIT)
+            except TimeoutError:
+                at = None
+            report = report.model_copy(update={"delivered_at": at})
+        error = "no client"
+        for attempt in range(REPORT_TRIES):
+            try:
+                client = await asyncio.wait_for(self.get_client(), REPORT_RPC_TIMEOUT)
+                handle = client.get_workflow_handle(wid)
+                await asyncio.wait_for(
+                    handle.signal(OWNER_REPORT_SIGNAL, report), REPORT_RPC_TIMEOUT
+                )
+                return
+            except Exception as err:  # unreachable, or the server is being replaced
+                error = f"{type(err).__name__}: {err}"
+                if "not found" in str(err).lower():
+                    break
+            await asyncio.sleep(min(0.05 * (attempt + 1), 0.5))
+        log.warning("mcp_proxy.report_lost", workflow_id=wid, error=error)
+
+    def _owned_outcome(self, inp: CallInput, wid: str, r: Report, key: str) -> Outcome:
+        """The outcome the run records from ``r`` (the same, without waiting for it)."""
+        ids: dict[str, Any] = {"workflow_id": wid, "step": inp.step, "args_hash": inp.args_hash}
+        ids["at"] = r.at
+        why = "the request was cancelled"
+        if r.kind == "done":
+            result = r.result or {}
+            released = result.get("resultType") == "input_required"
+            message = f"{why}; it had run" if r.withdrawn else None
+            return Outcome(kind="done", result=result, message=message, released=released, **ids)
+        if r.kind == "not_sent":
+            if r.withdrawn:
+                message = f"{why} before it was sent"
+                return Outcome(kind="cancelled", message=message, released=True, **ids)
+            return Outcome(kind="failed", message=r.message, released=True, **ids)
+        return Outcome(kind="unknown", message=r.message, reconcile_id=reconcile_id(key), **ids)
 
     async def _recorded(self, client: Client, inp: CallInput, wid: str) -> Outcome:
         outcome: Outcome = await client.get_workflow_handle(wid, result_type=Outcome).result()
@@ -459,6 +658,10 @@ class Caller:
             text = f"{self._repeat_note(call, o)}\n{text}"
         audited = "deduplicated" if o.deduplicated and kind != "denied" else kind
         return Reply(tool_error(text, kind, **ids), audited, **ids)
+
+
+async def _no_client() -> Client:
+    raise RuntimeError("this proxy has no Temporal client yet")
 
 
 def _clock(at: str | None) -> str:

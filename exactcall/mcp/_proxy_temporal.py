@@ -39,7 +39,13 @@ from exactcall._server import DevServer, port_open, state_dir
 from exactcall._verdicts import Settled
 from exactcall._worker import Connection, build_worker, connect
 
-from ._proxy_workflow import AWAIT_SETTLED, ApprovedProxyCall, ProxyCall, proxy_tool
+from ._proxy_workflow import (
+    AWAIT_SETTLED,
+    ApprovedProxyCall,
+    OwnedProxyCall,
+    ProxyCall,
+    proxy_tool,
+)
 
 __all__ = ["Temporal", "await_settled", "task_queue"]
 
@@ -254,7 +260,7 @@ class Temporal:
                 worker = build_worker(
                     client,
                     self.task_queue,
-                    [ProxyCall, ApprovedProxyCall],
+                    [ProxyCall, ApprovedProxyCall, OwnedProxyCall],
                     activities=[await_settled],
                     sticky_timeout=timedelta(seconds=2),
                 )

@@ -21,6 +21,13 @@ What an identical call gets depends on the run's ``mode`` (``CallInput.mode``):
   definitely did not happen fails the workflow instead, so the key is released and a retry
   runs it again).
 
+A write in mode ``retry`` without approval runs as ``OwnedProxyCall``: the proxy starts the
+run (conflict policy FAIL, its input the intent, started ``OWNER_DELAY`` later so no workflow
+task is on the write's path), sends the call itself, and reports the outcome by signal once
+its answer is written (``exactcall.mcp.owner-report``, with when it was delivered); the run
+holds the identity for retries exactly as ``ProxyCall`` does. No report and no keepalive for
+``OWNER_LEASE``: the outcome is unknown and the run starts its reconciliation.
+
 A client that cancels its request signals ``exactcall.mcp.withdraw``; once every caller that
 attached has withdrawn, the call is cancelled (exactcall's cancellation: nothing sent yet ->
 released; sent -> the proxy forwards the cancel to the server and the outcome is what the
@@ -50,6 +57,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 
 import exactcall
+from exactcall._canonical import derive_key
 from exactcall._errors import (
     AmbiguousOutcome,
     ExactcallError,
@@ -58,17 +66,25 @@ from exactcall._errors import (
     PluginNotInstalled,
     ToolFailed,
 )
-from exactcall._verdicts import CallAbandoned, Settled
+from exactcall._model import Intent
+from exactcall._verdicts import CallAbandoned, Settled, reconcile_id
 from exactcall._wire import MCP_PROXY_APPROVED_WORKFLOW as APPROVED_WORKFLOW
 from exactcall._wire import MCP_PROXY_AWAIT_SETTLED as AWAIT_SETTLED
 from exactcall._wire import MCP_PROXY_DELIVERED_SIGNAL as DELIVERED_SIGNAL
 from exactcall._wire import MCP_PROXY_LINGERS as LINGERS
 from exactcall._wire import MCP_PROXY_NEXT_SIGNAL as NEXT_SIGNAL
+from exactcall._wire import MCP_PROXY_OWNED_WORKFLOW as OWNED_WORKFLOW
+from exactcall._wire import MCP_PROXY_OWNER_ALIVE_SIGNAL as OWNER_ALIVE_SIGNAL
+from exactcall._wire import MCP_PROXY_OWNER_REPORT_SIGNAL as OWNER_REPORT_SIGNAL
+from exactcall._wire import MCP_PROXY_OWNER_REPORT_UPDATE as OWNER_REPORT_UPDATE
+from exactcall._wire import MCP_PROXY_OWNER_WITHDRAW_UPDATE as OWNER_WITHDRAW_UPDATE
 from exactcall._wire import MCP_PROXY_TOOL as PROXY_TOOL
 from exactcall._wire import MCP_PROXY_WAIT_UPDATE as WAIT_UPDATE
 from exactcall._wire import MCP_PROXY_WITHDRAW_SIGNAL as WITHDRAW_SIGNAL
 from exactcall._wire import MCP_PROXY_WORKFLOW as WORKFLOW
+from exactcall.workflows._call import intent_of
 from exactcall.workflows._state import state
+from exactcall.workflows._unknown import start_reconciliation
 
 __all__ = [
     "APPROVED_WORKFLOW",
@@ -77,6 +93,13 @@ __all__ = [
     "DELIVERED_SIGNAL",
     "LINGER",
     "NEXT_SIGNAL",
+    "OWNED_WORKFLOW",
+    "OWNER_ALIVE_SIGNAL",
+    "OWNER_DELAY",
+    "OWNER_LEASE",
+    "OWNER_REPORT_SIGNAL",
+    "OWNER_REPORT_UPDATE",
+    "OWNER_WITHDRAW_UPDATE",
     "PROXY_TOOL",
     "WAIT_UPDATE",
     "WITHDRAW_SIGNAL",
@@ -84,9 +107,12 @@ __all__ = [
     "ApprovedProxyCall",
     "CallInput",
     "Outcome",
+    "OwnedProxyCall",
     "ProxyCall",
+    "Report",
     "Wait",
     "bind_executor",
+    "owned_key",
     "proxy_tool",
 ]
 
@@ -97,6 +123,13 @@ DELIVERED_AT = " delivered-at="
 LINGER = timedelta(seconds=5)
 """How long a delivered run (mode ``retry``) waits for identical calls sent before its answer
 was delivered: copies from other proxies still on their way (a new call ends it sooner)."""
+OWNER_DELAY = timedelta(seconds=2)
+"""An owned run's start delay: its first workflow task runs then (or as soon as an identical
+call attaches), with the report that came meanwhile, so a write costs the proxy two RPCs and
+no workflow task on its path."""
+OWNER_LEASE = timedelta(seconds=4)
+"""How long an owned call waits for its proxy's report or keepalive (sent every second while
+the server works on the call) before its outcome is unknown (the proxy was killed)."""
 Kind = Literal["done", "failed", "unknown", "denied", "abandoned", "pending", "cancelled"]
 Mode = Literal["retry", "window", "key"]
 Repeat = Literal["running", "undelivered", "window", "key"]
@@ -167,6 +200,25 @@ class Outcome(BaseModel):
     """The reconciliation workflow of an unknown outcome."""
 
 
+class Report(BaseModel):
+    """What an owned call did, from the proxy that sent it (``exactcall.mcp.owner-report``)."""
+
+    model_config = _FROZEN
+
+    kind: Literal["done", "not_sent", "unknown"]
+    """``done``: the server answered (``result``); ``not_sent``: it definitely did not reach
+    the server; ``unknown``: it may or may not have run."""
+    result: dict[str, Any] | None = None
+    message: str | None = None
+    withdrawn: bool = False
+    """The owner's client cancelled the request (and no other caller waited)."""
+    at: str | None = None
+    """When the outcome was known (ISO 8601, UTC, the proxy's clock)."""
+    delivered_at: float | None = None
+    """The final answer was written to the owner's client, queued at this time (Unix time,
+    the proxy's clock); None: it reached no client (cancelled, disconnected)."""
+
+
 # -- the exactcall tool (runs in the proxy that holds the upstream session) -------------------
 _EXECUTOR: dict[str, Any] = {}
 
@@ -226,7 +278,7 @@ class ProxyCall:
     @workflow.run
     async def run(self, inp: CallInput) -> Outcome:
         mode = self._mode
-        self._lingers = mode == "retry" and workflow.patched(LINGERS)  # before any await
+        self._lingers = mode == "retry" and self._asks_lingers()  # before any await
         self._task = asyncio.ensure_future(self._call(inp))
         if self._withdrawn >= self._callers:  # withdrawn before the run began
             self._task.cancel()
@@ -255,6 +307,9 @@ class ProxyCall:
             # fail the run so the client's key may be used again (reuse: failed runs only)
             raise ApplicationError(outcome.message or "not executed", type="NotExecuted")
         return outcome
+
+    def _asks_lingers(self) -> bool:
+        return workflow.patched(LINGERS)
 
     @property
     def _mode(self) -> Mode:
@@ -296,10 +351,13 @@ class ProxyCall:
                 recorded_hash=self._inp.args_hash,
                 args_hash=w.args_hash,
             )
-        over = self._delivered or self._closing  # this run is over: the call is a new one
+        over = self._over()  # this run is over: the call is a new one
         new_caller = self._inp.mode is not None and w.caller not in self._callers
         if new_caller and over and not self._sent_before_delivery(w):
             raise ApplicationError("this call's answer was delivered", type="Delivered")
+
+    def _over(self) -> bool:
+        return self._delivered or self._closing
 
     def _sent_before_delivery(self, w: Wait) -> bool:
         """A copy its client sent before the first answer was delivered (while lingering)."""
@@ -457,3 +515,130 @@ def _as_result(value: Any, by: str) -> dict[str, Any]:
         text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
         result["structuredContent"] = value if isinstance(value, dict) else {"result": value}
     return {"content": [{"type": "text", "text": text}], **result}
+
+
+def owned_key(namespace: str, workflow_id: str, step: str) -> str:
+    """The idempotency key of an owned call: the key exactcall derives for the proxy tool's
+    call at that step (so a reconciliation's re-run sends the same one)."""
+    return derive_key(namespace, workflow_id, step, proxy_tool.name, proxy_tool.version)
+
+
+@workflow.defn(name=OWNED_WORKFLOW)
+class OwnedProxyCall(ProxyCall):
+    """A write call (mode ``retry``, no approval) that the proxy which started the run sends
+    to its server itself, without an activity: the run's start (its input, conflict policy
+    FAIL) is the recorded intent, and the proxy reports the outcome by signal before it
+    answers its client. Identical calls attach and wait as on ``ProxyCall``. A proxy that goes
+    quiet (no report, no keepalive for ``OWNER_LEASE``) leaves the outcome unknown: the run
+    starts the call's reconciliation (a person decides; "not landed" re-runs it through the
+    proxy tool, with the same key), and never sends it again by itself."""
+
+    @workflow.init
+    def __init__(self, inp: CallInput) -> None:
+        super().__init__(inp)
+        self._report: Report | None = None
+        self._alive = 0
+        self._owner_withdrawn = False
+        # an identical call can come in the run's first task, before the run begins (its
+        # start is delayed): a delivered run lingers for copies sent before the delivery
+        self._lingers = inp.mode == "retry"
+
+    def _asks_lingers(self) -> bool:
+        return True  # always, on this workflow type (it came after the patch)
+
+    @workflow.run
+    async def run(self, inp: CallInput) -> Outcome:
+        return await super().run(inp)
+
+    @workflow.signal(name=OWNER_REPORT_SIGNAL)
+    def owner_report(self, report: Report) -> None:
+        """What the call did; a final outcome is this run's outcome at once (so an identical
+        call that comes in the same workflow task sees it, and whether it was delivered)."""
+        if self._report is not None:
+            return
+        self._report = report
+        if report.kind != "unknown":
+            self._outcome = self._reported(report)
+            if report.delivered_at is not None and not self._outcome.released:
+                self._delivered = True
+                self._delivered_at = report.delivered_at
+
+    @workflow.update(name=OWNER_REPORT_UPDATE)
+    async def owner_report_now(self, report: Report) -> bool:
+        """The same report, for an outcome the owner answers only once this run has acted on
+        it (unknown: its reconciliation has started, so ``exactcall unresolved`` lists it)."""
+        self.owner_report(report)
+        await workflow.wait_condition(lambda: self._outcome is not None)
+        return True
+
+    def _over(self) -> bool:
+        # a call that definitely did not happen holds nothing: an identical call is a new one
+        released = self._outcome is not None and self._outcome.released
+        return released or super()._over()
+
+    @workflow.signal(name=OWNER_ALIVE_SIGNAL)
+    def owner_alive(self) -> None:
+        self._alive += 1
+
+    @workflow.update(name=OWNER_WITHDRAW_UPDATE)
+    def owner_withdraw(self) -> bool:
+        """The owner's client cancelled: True when no other caller waits (it may cancel)."""
+        self._owner_withdrawn = True
+        others = self._callers - {self._inp.caller}
+        return self._outcome is None and others <= self._withdrawn
+
+    @workflow.signal(name=WITHDRAW_SIGNAL)
+    def withdraw(self, caller: str) -> None:
+        """Another proxy's caller cancelled; the owner cancels only what no one waits for."""
+        self._withdrawn.add(caller)
+
+    async def _call(self, inp: CallInput) -> Outcome:
+        seen = -1
+        while self._report is None and seen != self._alive:
+            seen = self._alive
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(
+                    lambda seen=seen: self._report is not None or self._alive != seen,
+                    timeout=OWNER_LEASE,
+                    timeout_summary="the sending proxy's report",
+                )
+        r = self._report
+        if r is None:
+            return await self._unknown(
+                "the proxy that sent it went quiet before it reported the outcome (it was "
+                "killed, or lost Temporal)",
+                cancelled=False,
+            )
+        if r.kind == "unknown":
+            return await self._unknown(r.message or "the call was cut off", cancelled=r.withdrawn)
+        return self._outcome or self._reported(r)
+
+    def _reported(self, r: Report) -> Outcome:
+        at = {"at": r.at} if r.at else {}
+        why = "the request was cancelled"
+        if r.kind == "done":
+            if r.withdrawn:
+                return self._done(r.result or {}, message=f"{why}; it had run", **at)
+            return self._done(r.result or {}, **at)
+        if r.withdrawn:
+            return self._make("cancelled", message=f"{why} before it was sent", released=True, **at)
+        return self._make("failed", message=r.message, released=True, **at)
+
+    async def _unknown(self, reason: str, *, cancelled: bool) -> Outcome:
+        intent = self._intent()
+        rid = reconcile_id(intent.key)
+        err = AmbiguousOutcome(reason, reason=reason, reconcile_id=rid)
+        await start_reconciliation(proxy_tool, intent, err, cancelled=cancelled)
+        return await self._reconciled(err)
+
+    def _intent(self) -> Intent:
+        """The intent exactcall would have recorded for the proxy tool's call at this step
+        (its key is the one the proxy sent)."""
+        inp = self._inp
+        kwargs = {
+            "server": inp.server,
+            "tool": inp.tool,
+            "arguments": inp.arguments,
+            "extra": inp.extra,
+        }
+        return intent_of(proxy_tool, (), kwargs, inp.step)

@@ -202,10 +202,13 @@ class Proxy:
     def start(self) -> None:
         """Start the Temporal side (in the background: a client's handshake never waits)."""
         bind_executor(self._execute)
+        self.caller.send = self._send
+        self.caller.get_client = self.temporal.client
         self.temporal.start()
         log.info("mcp_proxy.started", server=self.name, audit=str(self.audit.path))
 
     async def stop(self) -> None:
+        await self.caller.drain()  # the outcomes of answered calls, to their runs
         await self.temporal.stop()  # in-flight tool calls finish within its graceful shutdown
         log.info("mcp_proxy.stopped", server=self.name)
 
@@ -298,10 +301,18 @@ class Proxy:
     async def _execute(
         self, server: str, tool: str, arguments: dict[str, Any], extra: dict[str, Any], key: str
     ) -> dict[str, Any]:
-        """The tool activity's body: send the call to an upstream of this process."""
+        """The tool activity's body (a call through ``ProxyCall``, or a reconciliation's
+        re-run): send the call to an upstream of this process."""
         if server != self.name:
             raise exactcall.NotExecuted(f"this proxy serves {self.name!r}, not {server!r}")
-        wid = activity.info().workflow_id
+        activity.logger.info("mcp_proxy.sending %s", tool)
+        return await self._send(activity.info().workflow_id, tool, arguments, extra, key)
+
+    async def _send(
+        self, wid: str, tool: str, arguments: dict[str, Any], extra: dict[str, Any], key: str
+    ) -> dict[str, Any]:
+        """Send a call to an upstream of this process (``wid``: the call's workflow, whose
+        client session and ``_meta`` it takes); NotExecuted when it was not sent."""
         upstream = self._upstream_for(wid)
         if upstream is None:
             raise exactcall.NotExecuted(
@@ -321,7 +332,6 @@ class Proxy:
         params = upstream.with_envelope(
             {"name": tool, "arguments": arguments, **extra}, {**client_meta, KEY_META: key}
         )
-        activity.logger.info("mcp_proxy.sending %s", tool)
         try:
             result = await upstream.request("tools/call", params, cancel_grace=CANCEL_GRACE)
         except UpstreamNotSent as err:
@@ -506,6 +516,7 @@ class Session:
         ms = (time.monotonic() - t0) * 1000
         ids = {"workflow_id": reply.workflow_id, "step": reply.step}
         if call.cancelled:  # MCP: a cancelled request gets no response
+            proxy.caller.not_delivered(reply.workflow_id)
             proxy.audit.write(
                 proxy.name, call.tool, reply.args_hash, "cancelled", ms, then=reply.outcome, **ids
             )
@@ -517,6 +528,8 @@ class Session:
             written = proxy.caller.delivering(
                 proxy.temporal.client, reply.workflow_id, reply.deliver
             )
+        else:
+            proxy.caller.not_delivered(reply.workflow_id)
         self.client.send(_result(call.request_id, reply.result), written)
         proxy.audit.write(proxy.name, call.tool, reply.args_hash, reply.outcome, ms, **ids)
 

@@ -120,6 +120,8 @@ async def main() -> None:
                 await _save_reconciliation(client, bank, "reconciliation_marked")
             if wanted("reconciliation_at_start", "reconciliation_at_start_agent"):
                 await _save_reconciliation(client, bank, "reconciliation_at_start")
+            if wanted("proxy_owned_call", "proxy_owned_unknown"):
+                await _save_mcp_owned(client, srv.address, Path(tmp))
             # the per-key record of the first payment
             intent = await anext(_intents(client, h.id))
             rec = Record(client, intent)
@@ -190,6 +192,41 @@ async def _save_cancel_before_join_sent(client: Client, bank: Bank) -> None:
         with contextlib.suppress(WorkflowFailureError, TimeoutError):
             await asyncio.wait_for(h.result(), 10)
         await _save(client, h.id, "cancel/cancel_before_join_sent_patched")
+
+
+async def _save_mcp_owned(client: Client, address: str, tmp: Path) -> None:
+    """Write calls of ``exactcall mcp proxy`` sent by the proxy itself (ProxyOwnedCall): one
+    answered and delivered, with a concurrent copy attached; one whose proxy was killed
+    mid-write (unknown, then settled as landed by a person; a retry gets it)."""
+    import signal
+
+    from exactcall._cli import main as cli_main
+    from exactcall.mcp._proxy_workflow import Outcome
+    from tests.mcp_proxy_client import eventually, proxied
+
+    async with proxied(tmp, name="hist-owned", address=address) as p:
+        args = {"line": "h", "seconds": 0.3}
+        await asyncio.gather(*(p.client.call_tool("slow_append", args) for _ in range(2)))
+        await eventually(lambda: p.audit.exists() and p.audit_rows())
+        wid = p.audit_rows()[-1]["workflow_id"]
+        await client.get_workflow_handle(wid, result_type=Outcome).result()
+        await _save(client, wid, "mcp/proxy_owned_call")
+    effects, args = tmp / "killed.effects", {"line": "k", "seconds": 1.5}
+    with contextlib.suppress(Exception):  # the client's session dies with the proxy
+        async with proxied(tmp, name="hist-owned-k", address=address, effects=effects) as p:
+            pending = asyncio.create_task(p.client.call_tool("slow_append", args))
+            await eventually(Path(f"{effects}.started").exists)
+            os.killpg(p.pids()[1], signal.SIGKILL)
+            await asyncio.wait({pending}, timeout=10)
+    async with proxied(tmp, name="hist-owned-k", address=address, effects=effects) as p2:
+        again = await p2.client.call_tool("slow_append", args)
+        meta = again.meta or {}
+        wid, step = meta["io.exactcall/workflow-id"], meta["io.exactcall/step"]
+        landed = ["resolve", wid, step, "--landed", "--result", '"landed"', "--yes"]
+        assert await asyncio.to_thread(cli_main, [*landed, "--address", address]) == 0
+        await p2.client.call_tool("slow_append", args)
+        await client.get_workflow_handle(wid, result_type=Outcome).result()
+        await _save(client, wid, "mcp/proxy_owned_unknown")
 
 
 async def _intents(client: Client, workflow_id: str) -> Any:

@@ -92,6 +92,9 @@ async def test_a_write_is_sent_by_its_proxy_and_recorded_before_and_after(
     kinds = [e.WhichOneof("attributes") for e in events]
     assert not any("activity_task" in k for k in kinds)  # sent by the proxy, not an activity
     assert _signals(events) == [OWNER_REPORT_SIGNAL]
+    # its start delay outlasts the linger: the whole run is one workflow task, no timer
+    assert kinds.count("workflow_task_completed_event_attributes") == 1
+    assert "timer_started_event_attributes" not in kinds
 
 
 @pytest.mark.crash
@@ -322,10 +325,14 @@ async def test_a_cancelled_write_gets_no_response_and_the_server_gets_the_cancel
         "proxy_call_window",
         # mode retry, before a delivered run lingered for earlier copies (it ended at delivery)
         "proxy_call_retry",
+        # sent by the proxy itself: answered and delivered, a concurrent copy attached
+        "proxy_owned_call",
+        # sent by the proxy itself, which was killed mid-write: unknown, settled as landed
+        "proxy_owned_unknown",
     ],
 )
 async def test_a_proxy_call_history_of_an_older_shape_replays(name: str) -> None:
-    """Recorded by an older proxy: it replays on today's workflow, by the old path."""
+    """Recorded by an earlier proxy: it replays on today's workflows."""
     history = json.loads((HISTORIES / f"{name}.json").read_text())
     replayer = Replayer(
         workflows=[ProxyCall, ApprovedProxyCall, OwnedProxyCall],

@@ -83,6 +83,8 @@ REPORT_WAIT = 2.0
 """How long an owned call's report waits to say whether its answer was written (seconds)."""
 REPORT_TRIES = 20
 REPORT_RPC_TIMEOUT = 2.0
+Delivery = tuple[float, float]
+"""When an answer was queued for the client: Unix time, and ``time.monotonic()``."""
 Send = Callable[[str, str, dict[str, Any], dict[str, Any], str], Awaitable[dict[str, Any]]]
 """``send(workflow_id, tool, arguments, extra, key)``: the call to this proxy's server."""
 FINAL = frozenset({"done", "failed", "denied", "abandoned", "cancelled"})
@@ -200,7 +202,7 @@ class Caller:
         """Set by a proxy that sends its own calls (owned runs); None: every call goes
         through the proxy tool's activity."""
         self._owned: dict[str, asyncio.Future[dict[str, Any]]] = {}
-        self._answered: dict[str, asyncio.Future[float | None]] = {}
+        self._answered: dict[str, asyncio.Future[Delivery | None]] = {}
         """Owned calls whose report waits for the answer's delivery, by workflow id."""
         self._late: set[asyncio.Future[Any]] = set()
 
@@ -250,14 +252,14 @@ class Caller:
         call is a new call; an identical call from this proxy waits for that first."""
         # before the write: a request that answers this answer arrives later, so only copies
         # sent before this moment are taken for retries of it
-        queued_at = time.time()
+        queued_at, queued_mono = time.time(), time.monotonic()
         loop = asyncio.get_running_loop()
         answered = self._answered.pop(workflow_id, None)
         if answered is not None:  # an owned call: its report says it
 
             def told(ok: bool) -> None:
                 if not answered.done():
-                    answered.set_result(queued_at if ok else None)
+                    answered.set_result((queued_at, queued_mono) if ok else None)
 
             def written_owned(ok: bool) -> None:
                 with contextlib.suppress(RuntimeError):  # the loop has closed
@@ -366,7 +368,7 @@ class Caller:
                     pass  # a run holds it: attach to it below
                 else:
                     call.workflow_id = wid
-                    return await self._own(client, call, inp, wid)
+                    return await self._own(client, call, inp, wid, time.monotonic())
             try:
                 handle = await client.start_update_with_start_workflow(
                     WAIT_UPDATE,
@@ -397,7 +399,9 @@ class Caller:
                     raise
         raise RuntimeError(f"{wid}: the previous identical call's run did not end")
 
-    async def _own(self, client: Client, call: Call, inp: CallInput, wid: str) -> Outcome:
+    async def _own(
+        self, client: Client, call: Call, inp: CallInput, wid: str, started: float
+    ) -> Outcome:
         """Send an owned call to the server and answer; report its outcome to its run once
         the answer is written (or known not to be), with when it was. While the server works
         on it, a keepalive every second; a proxy that dies leaves no report, and the run
@@ -430,12 +434,13 @@ class Caller:
             except (WorkflowUpdateFailedError, RPCError) as err:
                 log.warning("mcp_proxy.report_lost", workflow_id=wid, error=str(err))
             return outcome
-        answered: asyncio.Future[float | None] = asyncio.get_running_loop().create_future()
+        answered: asyncio.Future[Delivery | None] = asyncio.get_running_loop().create_future()
         if outcome.kind in FINAL and not outcome.released and not call.cancelled:
             self._answered[wid] = answered
         else:
             answered.set_result(None)
-        reported: asyncio.Future[None] = asyncio.ensure_future(self._report(wid, report, answered))
+        reporting = self._report(wid, report, answered, started)
+        reported: asyncio.Future[None] = asyncio.ensure_future(reporting)
         self._delivering[wid] = reported  # an identical call from here waits for it
 
         def forget(_: Any) -> None:
@@ -479,7 +484,11 @@ class Caller:
         return Report(kind="unknown", message=f"{exc}", withdrawn=withdrawn, at=at)
 
     async def _report(
-        self, wid: str, report: Report, answered: asyncio.Future[float | None] | None
+        self,
+        wid: str,
+        report: Report,
+        answered: asyncio.Future[Delivery | None] | None,
+        started: float = 0.0,
     ) -> None:
         """Tell the run what the call did, and whether (when) its answer was written; tried
         for a few seconds, through the proxy's current client (after a takeover, the new
@@ -490,7 +499,9 @@ class Caller:
                 at = await asyncio.wait_for(asyncio.shield(answered), REPORT_WAIT)
             except TimeoutError:
                 at = None
-            report = report.model_copy(update={"delivered_at": at})
+            if at is not None:  # when, by the proxy's clock, and how long after the start
+                update = {"delivered_at": at[0], "delivered_after": max(at[1] - started, 0.0)}
+                report = report.model_copy(update=update)
         error = "no client"
         for attempt in range(REPORT_TRIES):
             try:

@@ -20,6 +20,7 @@ import itertools
 import json
 import os
 import queue
+import select
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -117,39 +118,70 @@ class ClientSide(Protocol):
 
 
 class ClientStdio:
-    """Lines from the client (a reader thread) and lines to it (a writer thread, in order)."""
+    """Lines from the client (a reader thread) and lines to it, in order: written at once
+    from the event loop when nothing is queued and the pipe takes them (no thread handoff on
+    an answer's path), else by a writer thread that waits for the pipe."""
 
     def __init__(self, in_fd: int, out_fd: int) -> None:
         self._in = os.fdopen(in_fd, "rb")
         self._out_fd = out_fd
+        os.set_blocking(out_fd, False)  # a private copy: only this proxy writes through it
         self._outbox: queue.SimpleQueue[tuple[bytes, Callable[[bool], None] | None] | None] = (
             queue.SimpleQueue()
         )
+        self._lock = threading.Lock()
+        self._queued = 0
+        """Lines queued for (or being written by) the writer thread: later lines follow."""
+        self._broken = False
         self._writer = threading.Thread(target=self._write_loop, name="mcp-proxy-out", daemon=True)
         self._writer.start()
 
     def send_line(self, line: bytes, written: Callable[[bool], None] | None = None) -> None:
-        """Queue raw bytes for the client (a line as it came, newline included).
-        ``written(ok)`` is called from the writer thread once the line was written to the
-        client's pipe (True), or could not be (False: the client went away)."""
-        self._outbox.put((line, written))
+        """Send raw bytes to the client (a line as it came, newline included).
+        ``written(ok)`` is called once the line was written to the client's pipe (True), or
+        could not be (False: the client went away)."""
+        with self._lock:
+            if self._queued == 0:
+                line = line[self._write_now(line) :]
+            done = not line or self._broken
+            if not done:
+                self._queued += 1
+                self._outbox.put((line, written))
+        if done and written is not None:
+            with contextlib.suppress(Exception):
+                written(not self._broken)
+
+    def _write_now(self, data: bytes) -> int:
+        """How much of ``data`` the pipe took now, without waiting."""
+        if self._broken:
+            return 0
+        try:
+            return os.write(self._out_fd, data)
+        except BlockingIOError:
+            return 0
+        except OSError:  # the client went away: nothing more can reach it
+            self._broken = True
+            return 0
 
     def send(self, message: dict[str, Any], written: Callable[[bool], None] | None = None) -> None:
         self.send_line(encode(message), written)
 
     def _write_loop(self) -> None:
-        broken = False
         while (item := self._outbox.get()) is not None:
             data, written = item
             view = memoryview(data)
-            try:
-                while view and not broken:
+            while view and not self._broken:
+                try:
                     view = view[os.write(self._out_fd, view) :]
-            except OSError:  # the client went away: nothing more can reach it
-                broken = True
+                except BlockingIOError:  # the pipe is full: wait until the client reads
+                    select.select([], [self._out_fd], [], 1.0)
+                except OSError:  # the client went away: nothing more can reach it
+                    self._broken = True
+            with self._lock:
+                self._queued -= 1
             if written is not None:
                 with contextlib.suppress(Exception):
-                    written(not broken)
+                    written(not self._broken)
 
     def close(self, timeout: float = 2.0) -> None:
         """Flush what is queued (bounded), then stop the writer."""

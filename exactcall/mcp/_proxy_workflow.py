@@ -48,7 +48,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -123,10 +123,11 @@ DELIVERED_AT = " delivered-at="
 LINGER = timedelta(seconds=5)
 """How long a delivered run (mode ``retry``) waits for identical calls sent before its answer
 was delivered: copies from other proxies still on their way (a new call ends it sooner)."""
-OWNER_DELAY = timedelta(seconds=2)
+OWNER_DELAY = timedelta(seconds=6)
 """An owned run's start delay: its first workflow task runs then (or as soon as an identical
 call attaches), with the report that came meanwhile, so a write costs the proxy two RPCs and
-no workflow task on its path."""
+no workflow task on its path; longer than ``LINGER``, so a delivered call's run ends in that
+one task."""
 OWNER_LEASE = timedelta(seconds=4)
 """How long an owned call waits for its proxy's report or keepalive (sent every second while
 the server works on the call) before its outcome is unknown (the proxy was killed)."""
@@ -217,6 +218,10 @@ class Report(BaseModel):
     delivered_at: float | None = None
     """The final answer was written to the owner's client, queued at this time (Unix time,
     the proxy's clock); None: it reached no client (cancelled, disconnected)."""
+    delivered_after: float | None = None
+    """How long after the run's start the answer was queued (seconds, the proxy's monotonic
+    clock): the run lingers ``LINGER`` past it, on the server's clock, without comparing
+    clocks."""
 
 
 # -- the exactcall tool (runs in the proxy that holds the upstream session) -------------------
@@ -294,11 +299,12 @@ class ProxyCall:
                         timeout=timedelta(seconds=inp.hold_seconds),
                         timeout_summary="kept for a retry",
                     )
-                if self._delivered and self._lingers:
+                left = self._linger_left()
+                if self._delivered and self._lingers and left > timedelta(0):
                     with contextlib.suppress(TimeoutError):
                         await workflow.wait_condition(
                             lambda: self._next,
-                            timeout=LINGER,
+                            timeout=left,
                             timeout_summary="copies sent before the answer was delivered",
                         )
         self._closing = True
@@ -310,6 +316,9 @@ class ProxyCall:
 
     def _asks_lingers(self) -> bool:
         return workflow.patched(LINGERS)
+
+    def _linger_left(self) -> timedelta:
+        return LINGER
 
     @property
     def _mode(self) -> Mode:
@@ -537,6 +546,7 @@ class OwnedProxyCall(ProxyCall):
     def __init__(self, inp: CallInput) -> None:
         super().__init__(inp)
         self._report: Report | None = None
+        self._linger_until: datetime | None = None
         self._alive = 0
         self._owner_withdrawn = False
         # an identical call can come in the run's first task, before the run begins (its
@@ -562,6 +572,14 @@ class OwnedProxyCall(ProxyCall):
             if report.delivered_at is not None and not self._outcome.released:
                 self._delivered = True
                 self._delivered_at = report.delivered_at
+                after = timedelta(seconds=report.delivered_after or 0.0)
+                self._linger_until = workflow.info().workflow_start_time + after + LINGER
+
+    def _linger_left(self) -> timedelta:
+        """The linger counts from the delivery: a run whose first task comes later (its start
+        delay) ends at once, in that one task."""
+        until = self._linger_until
+        return LINGER if until is None else until - workflow.now()
 
     @workflow.update(name=OWNER_REPORT_UPDATE)
     async def owner_report_now(self, report: Report) -> bool:

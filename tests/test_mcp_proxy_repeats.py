@@ -339,4 +339,6 @@ async def test_a_proxy_call_history_of_an_older_shape_replays(name: str) -> None
         plugins=[exactcall.Plugin(tools=[])],
         namespace="default",
     )
-    await replayer.replay_workflow(WorkflowHistory.from_json(name, history))
+    # its own workflow id: the key a reconciliation is started with is derived from it
+    wid = history["events"][0]["workflowExecutionStartedEventAttributes"].get("workflowId", name)
+    await replayer.replay_workflow(WorkflowHistory.from_json(wid, history))

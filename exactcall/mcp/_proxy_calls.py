@@ -308,10 +308,8 @@ class Caller:
             return
         sending = self._owned.get(call.caller)
         if sending is not None:
-            handle = client.get_workflow_handle(call.workflow_id)
-            with contextlib.suppress(Exception):  # ended, or unreachable: it goes on
-                if await handle.execute_update(OWNER_WITHDRAW_UPDATE, result_type=bool):
-                    sending.cancel()
+            if await self._may_cancel(client, call.workflow_id):
+                sending.cancel()
             return
         with contextlib.suppress(Exception):
             await client.get_workflow_handle(call.workflow_id).signal(WITHDRAW_SIGNAL, call.caller)
@@ -409,10 +407,14 @@ class Caller:
         assert self.send is not None
         handle = client.get_workflow_handle(wid)
         key = owned_key(client.namespace, wid, inp.step)
-        sending = asyncio.ensure_future(self.send(wid, call.tool, call.arguments, call.extra, key))
+        if call.cancelled and await self._may_cancel(client, wid):  # while it was started
+            sending: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+            sending.cancel()  # not sent
+        else:
+            sending = asyncio.ensure_future(
+                self.send(wid, call.tool, call.arguments, call.extra, key)
+            )
         self._owned[call.caller] = sending
-        if call.cancelled:  # cancelled while the run was being started
-            await self.withdraw(client, call)
         try:
             while not sending.done():
                 await asyncio.wait({sending}, timeout=KEEPALIVE)
@@ -453,6 +455,15 @@ class Caller:
         self._late.add(reported)
         reported.add_done_callback(self._late.discard)
         return outcome
+
+    @staticmethod
+    async def _may_cancel(client: Client, wid: str) -> bool:
+        """Whether the owner's cancelled call may be cancelled: no other caller waits."""
+        handle = client.get_workflow_handle(wid)
+        try:
+            return bool(await handle.execute_update(OWNER_WITHDRAW_UPDATE, result_type=bool))
+        except Exception:  # ended, or unreachable: it goes on
+            return False
 
     async def drain(self) -> None:
         """Before the proxy stops: let the reports of answered calls reach their runs."""

@@ -15,24 +15,28 @@ from typing import Any
 
 import pytest
 from temporalio.client import Client as TemporalClient
-from temporalio.client import WorkflowHistory, WorkflowUpdateFailedError
+from temporalio.client import WorkflowHistory, WorkflowUpdateFailedError, WorkflowUpdateStage
 from temporalio.worker import Replayer
 
 import exactcall
 from exactcall._cli import main as cli_main
 from exactcall._server import DevServer
+from exactcall._worker import build_worker
 from exactcall.mcp._proxy_workflow import (
     LINGER,
     NEXT_SIGNAL,
     OWNED_WORKFLOW,
     OWNER_ALIVE_SIGNAL,
+    OWNER_DELAY,
     OWNER_LEASE,
     OWNER_REPORT_SIGNAL,
     WAIT_UPDATE,
     ApprovedProxyCall,
+    CallInput,
     Outcome,
     OwnedProxyCall,
     ProxyCall,
+    Report,
     Wait,
     owned_key,
 )
@@ -187,6 +191,50 @@ async def test_a_copy_sent_before_the_answer_was_delivered_is_a_retry_wherever_i
         assert time.monotonic() - asked < LINGER.total_seconds()  # ended for the new call
         again = await p.client.call_tool("append", {"line": "late"})  # a new call: it runs
     assert DEDUP not in meta(again) and p.count("append") == 2
+
+
+@pytest.mark.parametrize("sent", ["before", "after"])
+async def test_a_copy_that_comes_before_the_report_is_told_by_when_it_was_sent(
+    client: TemporalClient, sent: str
+) -> None:
+    """An owned run's first task can hold both an identical copy and the owner's report
+    (its start is delayed). The copy is a retry only if its client sent it before the first
+    answer was delivered; sent after, it is refused (a new call: its proxy starts a new run)."""
+    tq, wid = f"q-{fresh()}", f"owned-{fresh()}"
+    inp = CallInput(
+        server="s",
+        tool="append",
+        arguments={"line": "x"},
+        args_hash="a" * 64,
+        step="append@1",
+        window_seconds=None,
+        caller="owner",
+        mode="retry",
+        hold_seconds=60,
+    )
+    async with build_worker(client, tq, [OwnedProxyCall]):
+        handle = await client.start_workflow(
+            OwnedProxyCall.run, inp, id=wid, task_queue=tq, start_delay=OWNER_DELAY
+        )
+        copy_sent = time.time()
+        delivered = copy_sent - 1 if sent == "after" else copy_sent + 1
+        copy = Wait(caller="copy", args_hash="a" * 64, timeout_seconds=20, sent_at=copy_sent)
+        waiting = await handle.start_update(
+            WAIT_UPDATE, copy, wait_for_stage=WorkflowUpdateStage.ACCEPTED, result_type=Outcome
+        )
+        result = {"content": [{"type": "text", "text": "appended"}], "isError": False}
+        report = Report(kind="done", result=result, delivered_at=delivered, delivered_after=0.01)
+        await handle.signal(OWNER_REPORT_SIGNAL, report)
+        if sent == "after":
+            with pytest.raises(WorkflowUpdateFailedError) as refused:
+                await waiting.result()
+            assert getattr(refused.value.cause, "type", None) == "Delivered"
+        else:
+            got = await waiting.result()
+            assert got.kind == "done" and got.deduplicated and got.repeat == "running"
+            assert got.result == result
+        await handle.signal(NEXT_SIGNAL)  # what the refused copy's proxy sends: it ends
+        assert (await handle.result()).kind == "done"
 
 
 async def _delivered(handle: Any) -> bool:

@@ -341,10 +341,14 @@ class ProxyCall:
 
         with contextlib.suppress(TimeoutError):
             await workflow.wait_condition(answered, timeout=timedelta(seconds=w.timeout_seconds))
+        self._after_wait(w)
         current = self._outcome or self._make("pending", awaiting_approval=_awaiting_approval())
         if w.caller == self._inp.caller:
             return current.model_copy(update={"deduplicated": False})
         return current.model_copy(update={"deduplicated": True, "repeat": self._repeat(w.caller)})
+
+    def _after_wait(self, w: Wait) -> None:
+        """(A caller sent after the delivery is refused by ``OwnedProxyCall``.)"""
 
     def _repeat(self, caller: str) -> Repeat:
         if caller in self._while_running:
@@ -574,6 +578,15 @@ class OwnedProxyCall(ProxyCall):
                 self._delivered_at = report.delivered_at
                 after = timedelta(seconds=report.delivered_after or 0.0)
                 self._linger_until = workflow.info().workflow_start_time + after + LINGER
+
+    def _after_wait(self, w: Wait) -> None:
+        """A copy that attached before the report came, but that its client sent after this
+        call's answer was delivered, is a new call: refused, so its proxy starts a new run."""
+        at, sent = self._delivered_at, w.sent_at
+        if w.caller != self._inp.caller and at is not None and sent is not None and sent > at:
+            self._callers.discard(w.caller)
+            self._while_running.discard(w.caller)
+            raise ApplicationError("this call's answer was delivered", type="Delivered")
 
     def _linger_left(self) -> timedelta:
         """The linger counts from the delivery: a run whose first task comes later (its start

@@ -157,7 +157,7 @@ async def _runs(client: Client, conv: DataConverter, query: str) -> AsyncIterato
     async def calls(ex: WorkflowExecution) -> list[RunCall]:
         handle = client.get_workflow_handle(ex.id, run_id=ex.run_id)
         history = await handle.fetch_history()
-        return await calls_in_history(history, conv, run_id=ex.run_id)
+        return await calls_in_history(history, conv, run_id=ex.run_id, namespace=client.namespace)
 
     async def produce() -> None:
         try:

@@ -27,10 +27,16 @@ from temporalio.client import WorkflowHistory
 from temporalio.converter import DataConverter
 from temporalio.exceptions import ApplicationError
 
+from ._canonical import derive_key
 from ._model import Intent, intent_from_input
 from ._undo import UNDO_SUFFIX
 from ._wire import (
     DECIDE_SIGNAL,
+    MCP_PROXY_OWNED_WORKFLOW,
+    MCP_PROXY_OWNER_REPORT_SIGNAL,
+    MCP_PROXY_OWNER_REPORT_UPDATE,
+    MCP_PROXY_TOOL,
+    MCP_PROXY_TOOL_VERSION,
     PENDING_MEMO,
     SETTLE_PREFIX,
     reconcile_id,
@@ -119,6 +125,57 @@ class _Activity:
 
 
 @dataclass
+class _Owned:
+    """A write the MCP proxy sent itself (``exactcall.mcp.ProxyOwnedCall``): its intent is the
+    run's input, its outcome the proxy's report."""
+
+    input: Any = None
+    at: datetime | None = None
+    report: Any = None
+    ended_at: datetime | None = None
+    children: dict[str, datetime] = field(default_factory=dict)
+    """Children started, and when (a reconciliation: the run found the outcome unknown)."""
+
+    async def call(
+        self,
+        conv: DataConverter,
+        wid: str,
+        run_id: str | None,
+        workflow_type: str,
+        namespace: str,
+    ) -> RunCall:
+        inp, r = self.input, self.report if isinstance(self.report, dict) else {}
+        step = str(inp.get("step", ""))
+        args = {k: inp.get(k) for k in ("server", "tool", "arguments", "extra")}
+        call = RunCall(
+            workflow_id=wid,
+            run_id=run_id,
+            workflow_type=workflow_type,
+            step=step,
+            tool=MCP_PROXY_TOOL,
+            tool_version=MCP_PROXY_TOOL_VERSION,
+            args=args,
+            args_hash=str(inp.get("args_hash", "")),
+            key=derive_key(namespace, wid, step, MCP_PROXY_TOOL, MCP_PROXY_TOOL_VERSION),
+            time=self.at or datetime.now(UTC),
+            outcome="running",
+            attempts=1,
+        )
+        kind = r.get("kind")
+        call.ended_at = self.ended_at if kind else None
+        if kind == "done":
+            call.outcome = "done"
+            call.result = conv.payload_converter.to_payloads([r.get("result")])[0]
+        elif kind == "not_sent":
+            call.outcome = "cancelled" if r.get("withdrawn") else "failed"
+            call.error_type, call.error = "NotExecuted", r.get("message")
+        elif kind == "unknown" or reconcile_id(call.key) in self.children:
+            call.outcome, call.error = "unknown", r.get("message")  # (the proxy went quiet)
+            call.ended_at = call.ended_at or self.children.get(reconcile_id(call.key))
+        return call
+
+
+@dataclass
 class _Request:
     req: dict[str, Any]
     seen: datetime
@@ -130,8 +187,11 @@ async def calls_in_history(
     conv: DataConverter,
     *,
     run_id: str | None = None,
+    namespace: str = "default",
 ) -> list[RunCall]:
-    """The guarded calls of one run, in the order they were made."""
+    """The guarded calls of one run, in the order they were made (``namespace``: the one it
+    ran in, for the key of a call that the MCP proxy sent itself)."""
+    owned = _Owned()
     acts: dict[int, _Activity] = {}
     requests: dict[str, _Request] = {}
     decisions: list[tuple[datetime, dict[str, Any]]] = []
@@ -144,6 +204,8 @@ async def calls_in_history(
             a = ev.workflow_execution_started_event_attributes
             workflow_type = a.workflow_type.name
             run_id = run_id or a.original_execution_run_id or None
+            if workflow_type == MCP_PROXY_OWNED_WORKFLOW and a.input.payloads:
+                owned.input, owned.at = await _decode(conv, a.input.payloads[0]), when
         elif t == _ET.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             a = ev.activity_task_scheduled_event_attributes
             intent = await _intent(conv, list(a.input.payloads), workflow_type, a.task_queue.name)
@@ -177,6 +239,9 @@ async def calls_in_history(
                 act.closed, act.ended_at = "cancelled", when
         elif t == _ET.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
             a = ev.workflow_execution_signaled_event_attributes
+            if a.signal_name == MCP_PROXY_OWNER_REPORT_SIGNAL and a.input.payloads:
+                owned.report = owned.report or await _decode(conv, a.input.payloads[0])
+                owned.ended_at = owned.ended_at or when
             if a.signal_name == DECIDE_SIGNAL and len(a.input.payloads) == 1:
                 d = await _decode(conv, a.input.payloads[0])
                 if isinstance(d, dict) and "decision" in d and "by" in d:
@@ -185,6 +250,14 @@ async def calls_in_history(
             memo = ev.workflow_properties_modified_event_attributes.upserted_memo.fields
             if PENDING_MEMO in memo:
                 _pending_changed(requests, await _decode(conv, memo[PENDING_MEMO]), when)
+        elif t == _ET.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED:
+            child = ev.start_child_workflow_execution_initiated_event_attributes.workflow_id
+            owned.children.setdefault(child, when)
+        elif t == _ET.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
+            req = ev.workflow_execution_update_accepted_event_attributes.accepted_request
+            if req.input.name == MCP_PROXY_OWNER_REPORT_UPDATE and req.input.args.payloads:
+                owned.report = owned.report or await _decode(conv, req.input.args.payloads[0])
+                owned.ended_at = owned.ended_at or when
         elif t == _ET.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_COMPLETED:
             a = ev.child_workflow_execution_completed_event_attributes
             if a.result.payloads:
@@ -194,6 +267,8 @@ async def calls_in_history(
 
     wid = history.workflow_id
     out: list[RunCall] = []
+    if isinstance(owned.input, dict):
+        out.append(await owned.call(conv, wid, run_id, workflow_type, namespace))
     by_step: dict[str, RunCall] = {}
     for act in acts.values():
         i = act.intent

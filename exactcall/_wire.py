@@ -48,6 +48,7 @@ __all__ = [
     "MCP_PROXY_OWNER_REPORT_UPDATE",
     "MCP_PROXY_OWNER_WITHDRAW_UPDATE",
     "MCP_PROXY_TOOL",
+    "MCP_PROXY_TOOL_VERSION",
     "MCP_PROXY_WAIT_UPDATE",
     "MCP_PROXY_WITHDRAW_SIGNAL",
     "MCP_PROXY_WORKFLOW",
@@ -126,6 +127,8 @@ MARK_RECORD = "exactcall.mark_record"
 AWAIT_SETTLED = "exactcall.await_settled"
 """Waits for a reconciliation's verdict (histories from before SETTLED_BY_SIGNAL)."""
 MCP_PROXY_TOOL = "exactcall.mcp_proxy"
+MCP_PROXY_TOOL_VERSION = "1"
+"""Part of the key the proxy derives for a write (with the workflow id and step)."""
 MCP_PROXY_AWAIT_SETTLED = "exactcall.mcp.await_settled"
 PROBE_PREFIX = "exactcall.probe."
 SETTLE_PREFIX = "exactcall.settle:"

@@ -19,6 +19,7 @@ from temporalio.client import WorkflowHistory, WorkflowUpdateFailedError, Workfl
 from temporalio.worker import Replayer
 
 import exactcall
+from exactcall._audit import AuditFilter, audit_rows
 from exactcall._cli import main as cli_main
 from exactcall._server import DevServer
 from exactcall._worker import build_worker
@@ -30,6 +31,7 @@ from exactcall.mcp._proxy_workflow import (
     OWNER_DELAY,
     OWNER_LEASE,
     OWNER_REPORT_SIGNAL,
+    PROXY_TOOL,
     WAIT_UPDATE,
     ApprovedProxyCall,
     CallInput,
@@ -99,6 +101,12 @@ async def test_a_write_is_sent_by_its_proxy_and_recorded_before_and_after(
     # its start delay outlasts the linger: the whole run is one workflow task, no timer
     assert kinds.count("workflow_task_completed_event_attributes") == 1
     assert "timer_started_event_attributes" not in kinds
+    # `exactcall audit` reads it from Temporal alone, as it reads a tool activity
+    rows = [r async for r in audit_rows(client, AuditFilter(workflow=wid))]
+    assert [(r["tool"], r["step"], r["outcome"], r["key"]) for r in rows] == [
+        (PROXY_TOOL, step, "done", owned_key("default", wid, step))
+    ]
+    assert rows[0]["args"]["tool"] == "append" and rows[0]["args"]["arguments"] == {"line": "own"}
 
 
 @pytest.mark.crash
@@ -390,3 +398,26 @@ async def test_a_proxy_call_history_of_an_older_shape_replays(name: str) -> None
     # its own workflow id: the key a reconciliation is started with is derived from it
     wid = history["events"][0]["workflowExecutionStartedEventAttributes"].get("workflowId", name)
     await replayer.replay_workflow(WorkflowHistory.from_json(wid, history))
+
+
+@pytest.mark.parametrize(
+    ("name", "outcome", "verdict"),
+    [("proxy_owned_call", "done", None), ("proxy_owned_unknown", "done", "landed")],
+)
+async def test_the_audit_reads_a_call_the_proxy_sent_itself(
+    name: str, outcome: str, verdict: str | None
+) -> None:
+    """From the stored histories alone: the intent (the run's input), the derived key, and the
+    outcome (the proxy's report, or the verdict of the reconciliation of a killed proxy's
+    call)."""
+    from temporalio.converter import DataConverter
+
+    from exactcall._calls import calls_in_history
+
+    history = json.loads((HISTORIES / f"{name}.json").read_text())
+    wid = history["events"][0]["workflowExecutionStartedEventAttributes"]["workflowId"]
+    calls = await calls_in_history(WorkflowHistory.from_json(wid, history), DataConverter.default)
+    [call] = calls
+    assert (call.tool, call.outcome, call.verdict) == (PROXY_TOOL, outcome, verdict)
+    assert call.key == owned_key("default", wid, call.step) and call.args["tool"] == "slow_append"
+    assert call.ended_at is not None and call.time <= call.ended_at

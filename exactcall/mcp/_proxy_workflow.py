@@ -79,6 +79,7 @@ from exactcall._wire import MCP_PROXY_OWNER_REPORT_SIGNAL as OWNER_REPORT_SIGNAL
 from exactcall._wire import MCP_PROXY_OWNER_REPORT_UPDATE as OWNER_REPORT_UPDATE
 from exactcall._wire import MCP_PROXY_OWNER_WITHDRAW_UPDATE as OWNER_WITHDRAW_UPDATE
 from exactcall._wire import MCP_PROXY_TOOL as PROXY_TOOL
+from exactcall._wire import MCP_PROXY_TOOL_VERSION as PROXY_TOOL_VERSION
 from exactcall._wire import MCP_PROXY_WAIT_UPDATE as WAIT_UPDATE
 from exactcall._wire import MCP_PROXY_WITHDRAW_SIGNAL as WITHDRAW_SIGNAL
 from exactcall._wire import MCP_PROXY_WORKFLOW as WORKFLOW
@@ -241,6 +242,7 @@ def _approval_needed(intent: Any) -> bool:
 
 @exactcall.tool(
     name=PROXY_TOOL,
+    version=PROXY_TOOL_VERSION,
     approval=_approval_needed,
     heartbeat_timeout=timedelta(seconds=2),
     retry_policy=RetryPolicy(maximum_attempts=1),  # "did not happen" goes back to the client

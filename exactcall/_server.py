@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 __all__ = ["DevServer", "free_port", "state_dir", "temporal_binary"]
 
@@ -86,7 +87,9 @@ class DevServer:
     log_level: str = "error"
     extra_args: Sequence[str] = ()
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
-    _log: tempfile._TemporaryFileWrapper[bytes] | None = field(default=None, init=False, repr=False)
+    _log: IO[bytes] | None = field(default=None, init=False, repr=False)
+    """The server's output: a file without a name (nothing is left behind if this process
+    dies), read back only to say why it did not start."""
 
     @property
     def address(self) -> str:
@@ -127,9 +130,7 @@ class DevServer:
             self.port = free_port()
         if self.db is not None:
             self.db.parent.mkdir(parents=True, exist_ok=True)
-        self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115 (lives as long as the server)
-            prefix="exactcall-temporal-", suffix=".log"
-        )
+        self._log = tempfile.TemporaryFile(prefix="exactcall-temporal-")  # noqa: SIM115
         self._proc = subprocess.Popen(
             self.command(), stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
         )
@@ -137,6 +138,7 @@ class DevServer:
         while not port_open(self.ip, self.port):
             if self._proc.poll() is not None:
                 err = self.log_tail()
+                self.stop()  # (closes its output)
                 raise RuntimeError(f"temporal server start-dev exited: {err.strip()}")
             if time.monotonic() > deadline:
                 self.stop()
@@ -178,7 +180,10 @@ class DevServer:
         if self._log is None:
             return ""
         self._log.flush()
-        return Path(self._log.name).read_bytes()[-size:].decode(errors="replace").strip()
+        fd = self._log.fileno()
+        end = os.fstat(fd).st_size
+        # pread: the server writes through the same open file, so its offset is left alone
+        return os.pread(fd, size, max(end - size, 0)).decode(errors="replace").strip()
 
     def wait(self) -> int:
         assert self._proc is not None
@@ -186,14 +191,13 @@ class DevServer:
 
     def stop(self, timeout: float = 10.0) -> None:
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         if self._log is not None:
             self._log.close()
             self._log = None

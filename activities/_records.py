@@ -35,8 +35,9 @@ from temporalio.service import RPCError, RPCStatusCode
 from exactcall._errors import ExactcallError
 from exactcall._model import Intent, Owner, RecordEvent, RecordInit, RecordState
 from exactcall._ui import call_summary
+from exactcall._undo import is_undo_step
 from exactcall._verdicts import reconcile_id
-from exactcall._wire import MARK_SIGNAL, RECORD_WORKFLOW, record_id
+from exactcall._wire import MARK_SIGNAL, RECORD_WORKFLOW, record_id, undo_id
 
 from . import _runs as runs
 
@@ -225,11 +226,16 @@ class Record:
     async def _owner_completed(self, state: RecordState) -> RecordEvent | None:
         """The owner's activity completion, as a ``done`` marker; None if it has none (yet).
 
-        The owner is a run of the call's workflow, or of the key's reconciliation (a re-run).
+        The owner is a run of the call's workflow, or of the key's reconciliation (a re-run),
+        or for an undo, of the workflow's ``exactcall undo``.
         """
         owner = state.owner
         conv = self._client.data_converter
-        for wid in (state.intent.workflow_id, reconcile_id(state.intent.key)):
+        i = state.intent
+        owners = [i.workflow_id, reconcile_id(i.key)]
+        if is_undo_step(i.step):
+            owners.append(undo_id(i.workflow_id))
+        for wid in owners:
             handle = self._client.get_workflow_handle(wid, run_id=owner.run_id)
             scheduled: set[int] = set()
             try:

@@ -58,7 +58,8 @@ from exactcall._verdicts import (
     reconcile_input,
     reconcile_start_options,
 )
-from exactcall._wire import SETTLE_PREFIX
+from exactcall._undo import is_undo_step
+from exactcall._wire import SETTLE_PREFIX, undo_id
 from exactcall.approvals._binding import ApprovalMissing
 
 from . import _runs as runs
@@ -165,6 +166,10 @@ class Attempt:
             return await self._finish_recording()
         if self.in_reconciliation:  # a re-run by the reconciliation: its record says it all
             return await self._decide_by_record()
+        if self.in_undo_run:  # the run that holds the id may have made it (by its history)
+            return await self._settle_slow(
+                await runs.holder(activity.client(), self.intent.workflow_id) or ""
+            )
         if not self.run_claims:  # per-call records; the run's claim names no run
             client = activity.client()
             await runs.claimant(client, self.intent, self.owner.run_id, fast=False)
@@ -177,6 +182,11 @@ class Attempt:
             beat=first and not (self.beat_free and self.info.attempt == 1)
         )
         if holder == self.owner.run_id:
+            if is_undo_step(self.intent.step) and first:
+                # an undo may also be made by `exactcall undo`, outside this run, under the
+                # same key: the key's record decides who makes it (and the other gets its
+                # result)
+                return await self._decide_by_record()
             return await self._settle_fast()
         return await self._settle_slow(holder)
 
@@ -203,6 +213,13 @@ class Attempt:
     @property
     def in_reconciliation(self) -> bool:
         return self.info.workflow_id == reconcile_id(self.intent.key)
+
+    @property
+    def in_undo_run(self) -> bool:
+        """Made by ``exactcall undo``: an undo of the call's workflow, made in the undo
+        workflow of that id (``undo_id``), under the key the workflow's saga would use."""
+        i = self.intent
+        return is_undo_step(i.step) and self.info.workflow_id == undo_id(i.workflow_id)
 
     async def _settle_fast(self) -> Any:
         """The claimant run: no earlier run of its workflow id made calls, so this chain's
@@ -241,6 +258,8 @@ class Attempt:
             seen = await runs.claimant_call(
                 activity.client(), self.intent.workflow_id, holder, self.intent.key
             )
+            if seen.status == "open" and self.in_undo_run:
+                return await self._decide_by_record()  # it makes its undos by the record
             if seen.status == "open":
                 # the claimant is open, so this attempt's own run has closed (one open run
                 # per id): the claimant owns the call now; this stale attempt calls nothing
@@ -290,7 +309,7 @@ class Attempt:
         """For the settling attempt of a cancelled chain that left no record: why that chain
         may have called the tool, when this run holds the claim ("" when it cannot have, or
         when the run used per-call records, whose absence then says it was never called)."""
-        if self.in_reconciliation or not self.run_claims:
+        if self.in_reconciliation or self.in_undo_run or not self.run_claims:
             return ""
         client = activity.client()
         holder = await runs.claimant(client, self.intent, self.owner.run_id)
@@ -637,8 +656,10 @@ class Attempt:
         i = self.intent
         expect_hash = args_hash(i.tool, i.args)
         expect_key = derive_key(self.info.namespace, i.workflow_id, i.step, i.tool, i.tool_version)
-        # a call runs in its own workflow, or in the reconciliation of its key
+        # a call runs in its own workflow, or in the reconciliation of its key (an undo also
+        # in the undo workflow of its workflow id: exactcall undo)
         foreign = self.info.workflow_id not in (i.workflow_id, reconcile_id(i.key))
+        foreign = foreign and not self.in_undo_run
         if foreign or i.tool != self.tool.name or (expect_hash, expect_key) != (i.args_hash, i.key):
             raise InvalidCall(
                 "the intent handed to this activity does not match its own arguments "

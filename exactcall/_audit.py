@@ -29,15 +29,15 @@ from typing import Any
 
 from temporalio.client import Client, WorkflowExecution
 from temporalio.converter import DataConverter
-from temporalio.service import RPCError
 
-from ._calls import Approver, RunCall, calls_in_history, settle
+from ._calls import Approver, RunCall, calls_in_history, link_undos, with_verdicts
+from ._undo import is_undo_step
 from ._wire import (
     AUDIT_EXPORT_FORMAT,
     RECONCILE_WORKFLOW,
     RECORD_WORKFLOW,
     RUN_CLAIM_WORKFLOW,
-    VERDICT_MEMO,
+    undo_id,
 )
 
 __all__ = [
@@ -88,8 +88,9 @@ class AuditFilter:
         parts = [f"WorkflowType NOT IN ({own})"]
         if self.workflow and self.workflow.endswith("*"):
             parts.append(f"WorkflowId STARTS_WITH {_quote(self.workflow[:-1])}")
-        elif self.workflow:
-            parts.append(f"WorkflowId = {_quote(self.workflow)}")
+        elif self.workflow:  # and the undos `exactcall undo` made of its calls
+            ids = (_quote(self.workflow), _quote(undo_id(self.workflow)))
+            parts.append(f"WorkflowId IN ({', '.join(ids)})")
         if self.since:
             parts.append(f"(CloseTime >= '{_iso(self.since)}' OR ExecutionStatus = 'Running')")
         if self.until:
@@ -138,10 +139,12 @@ async def audit_rows(
     conv = client.data_converter
     keys = dict(approver_keys or {})
     count = 0
+    undos: list[RunCall] = []  # made so far, in runs listed earlier (exactcall undo's)
     async for calls in _runs(client, conv, flt.query()):
+        await with_verdicts(client, calls)
+        undos += [c for c in calls if is_undo_step(c.step) and c.outcome == "done"]
+        link_undos(calls, undos)
         for c in sorted(calls, key=lambda c: c.time, reverse=True):
-            if c.outcome == "unknown":
-                await _verdict(client, c)
             if not flt.keeps(c):
                 continue
             yield row(c, redact=flt.redact, approver_keys=keys)
@@ -177,17 +180,6 @@ async def _runs(client: Client, conv: DataConverter, query: str) -> AsyncIterato
             t = pending.get_nowait()
             if t is not None:
                 t.cancel()
-
-
-async def _verdict(client: Client, c: RunCall) -> None:
-    """A call whose outcome was unknown: what its reconciliation decided (or that it waits)."""
-    try:
-        desc = await client.get_workflow_handle(c.reconcile_id).describe()
-        memo = await desc.memo()
-    except RPCError:
-        return  # no reconciliation was started (yet): the outcome stays unknown
-    v = memo.get(VERDICT_MEMO)
-    settle(c, v if isinstance(v, dict) else {})
 
 
 def key_id(public_key: Any) -> str:

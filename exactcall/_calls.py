@@ -23,13 +23,14 @@ from typing import Any
 
 from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowHistory
+from temporalio.client import Client, WorkflowHistory
 from temporalio.converter import DataConverter
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
 
 from ._canonical import derive_key
 from ._model import Intent, intent_from_input
-from ._undo import UNDO_SUFFIX
+from ._undo import is_undo_step, undo_step
 from ._wire import (
     DECIDE_SIGNAL,
     MCP_PROXY_OWNED_WORKFLOW,
@@ -39,10 +40,11 @@ from ._wire import (
     MCP_PROXY_TOOL_VERSION,
     PENDING_MEMO,
     SETTLE_PREFIX,
+    VERDICT_MEMO,
     reconcile_id,
 )
 
-__all__ = ["Approver", "RunCall", "calls_in_history", "settle"]
+__all__ = ["Approver", "RunCall", "calls_in_history", "link_undos", "settle", "with_verdicts"]
 
 _ET = EventType
 
@@ -308,17 +310,43 @@ async def calls_in_history(
         if call.outcome == "unknown" and isinstance(settled, dict):
             settle(call, settled)
 
-    for call in out:  # a done call whose undo (step "<step>.undo") is done was undone
-        if call.step.endswith(UNDO_SUFFIX) and call.outcome == "done":
-            undone = by_step.get(call.step.removesuffix(UNDO_SUFFIX))
-            if undone is not None and undone.outcome == "done":
-                undone.outcome, undone.undone_by = "undone", call.step
+    link_undos(out)
     for step, r in requests.items():
         if step in by_step:
             by_step[step].needed_approval = True
             continue
         out.append(_unrun(wid, run_id, workflow_type, r, decisions, out))
     return out
+
+
+def link_undos(calls: Iterable[RunCall], undos: Iterable[RunCall] = ()) -> None:
+    """A done call whose undo (step ``<step>.undo``, of the same workflow id: in the run, or
+    in ``undos``, made elsewhere) is done, or settled as landed, was undone."""
+    calls = list(calls)
+    done = {
+        (u.workflow_id, u.step): u.step
+        for u in [*calls, *undos]
+        if is_undo_step(u.step) and u.outcome == "done"
+    }
+    for call in calls:
+        by = done.get((call.workflow_id, undo_step(call.step)))
+        if by is not None and call.outcome == "done":
+            call.outcome, call.undone_by = "undone", by
+
+
+async def with_verdicts(client: Client, calls: Iterable[RunCall]) -> None:
+    """Each call whose outcome was unknown gets its reconciliation's verdict (its memo: the
+    verdict, the outcome and who gave it); one with no reconciliation (yet) stays unknown."""
+    for c in calls:
+        if c.outcome != "unknown":
+            continue
+        try:
+            desc = await client.get_workflow_handle(c.reconcile_id).describe()
+            memo = await desc.memo()
+        except RPCError:
+            continue  # no reconciliation was started (yet): the outcome stays unknown
+        v = memo.get(VERDICT_MEMO)
+        settle(c, v if isinstance(v, dict) else {})
 
 
 def settle(call: RunCall, settled: dict[str, Any]) -> None:

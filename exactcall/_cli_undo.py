@@ -1,9 +1,15 @@
-"""``exactcall undo WORKFLOW_ID``: undo a finished run's done calls, newest first, each once.
+"""``exactcall undo WORKFLOW_ID``: undo a run's calls that happened, newest first, each once.
 
-The run's calls are read from its history (as ``exactcall audit`` reads them); those a saga
-of the run already undid are left alone. The undos run in a workflow of exactcall's,
-``exactcall-undo-<workflow id>``, on the run's task queue, each a guarded call of that
-workflow: running the command again is a re-run of that id, and runs no undo twice.
+The run's calls are read from its history (as ``exactcall audit`` reads them), an unknown
+outcome with its reconciliation's verdict (landed is undone like done); every undo already
+made of them, by the run's saga or by an earlier ``exactcall undo``, is read too and never
+made again (``_undo_plan``). The undos run in a workflow of exactcall's,
+``exactcall-undo-<workflow id>``, on the run's task queue, each as the call ``<step>.undo``
+of the run's workflow id: the key its saga would use, so the key's record lets one of them
+make it, even while the run still runs.
+
+Exit 0 when everything that happened is undone (reads need nothing), 1 when something that
+happened is not (said for each), 2 for bad input.
 """
 
 from __future__ import annotations
@@ -14,15 +20,16 @@ import json
 import sys
 from typing import Any
 
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
-from ._calls import RunCall, calls_in_history
+from ._calls import RunCall, calls_in_history, link_undos, with_verdicts
 from ._canonical import to_json_value
 from ._confirm import confirm_at_terminal
 from ._errors import ExactcallError
-from ._undo import UNDO_SUFFIX, Done, UndoInput, UndoReport
+from ._undo import Done, RunUndoReport, UndoInput, is_undo_step
+from ._undo_plan import UndoPlan, plan_undo
 from ._wire import UNDO_WORKFLOW, undo_id
 
 __all__ = ["add_parser", "run"]
@@ -32,7 +39,7 @@ EXIT_OK, EXIT_NOT_ALL, EXIT_USAGE = 0, 1, 2
 
 def add_parser(sub: Any, connection_args: Any) -> None:
     p = sub.add_parser(
-        "undo", help="undo the done calls of a finished run, newest first, each once"
+        "undo", help="undo the calls of a run that happened, newest first, each once"
     )
     p.add_argument("workflow_id")
     p.add_argument("--run", metavar="RUN_ID", help="a run other than the latest")
@@ -64,13 +71,9 @@ async def run(ns: argparse.Namespace, client: Client) -> int:
         if exc.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.INVALID_ARGUMENT):
             return _err(f"no workflow {ns.workflow_id!r}" + (f" run {ns.run}" if ns.run else ""))
         raise
-    if desc.status == WorkflowExecutionStatus.RUNNING:
-        return _err(
-            f"{ns.workflow_id} is still running, and its own saga may undo the same calls: "
-            "cancel it (temporal workflow cancel) or wait for it to end, then undo"
-        )
+    conv = client.data_converter
     calls = await calls_in_history(
-        await handle.fetch_history(), client.data_converter, run_id=desc.run_id
+        await handle.fetch_history(), conv, run_id=desc.run_id, namespace=client.namespace
     )
     by_step = {c.step: c for c in calls}
     missing = [s for s in ns.step if s not in by_step]
@@ -79,17 +82,17 @@ async def run(ns: argparse.Namespace, client: Client) -> int:
             f"not a call of {ns.workflow_id}: {', '.join(missing)} "
             f"(its calls: {', '.join(by_step) or 'none'})"
         )
-    wanted = [c for c in calls if not c.step.endswith(UNDO_SUFFIX)]
-    if ns.step:
-        wanted = [c for c in wanted if c.step in ns.step]
-    already = [c.step for c in wanted if c.outcome == "undone"]
-    nothing = {c.step: c.outcome for c in wanted if c.outcome not in ("done", "undone")}
-    todo = sorted((c for c in wanted if c.outcome == "done"), key=lambda c: c.ended_at or c.time)
-    if not todo:
-        return _print(ns, desc.run_id, UndoReport(), already, nothing, waiting=False)
+    undos = [c for c in calls if is_undo_step(c.step)] + await _undos_elsewhere(
+        client, ns.workflow_id
+    )
+    await with_verdicts(client, [*calls, *undos])
+    link_undos(calls)
+    plan = plan_undo(ns.workflow_id, calls, undos, ns.step)
+    if not plan.todo:
+        return _print(ns, desc.run_id, RunUndoReport(), plan)
     if not ns.yes:
         print(f"undo, newest first, in {ns.workflow_id} (run {desc.run_id}):")
-        for c in reversed(todo):
+        for c in reversed(plan.todo):
             print(f"  {c.step}  {c.tool} {json.dumps(c.args, sort_keys=True)}")
         stop = await asyncio.to_thread(
             confirm_at_terminal,
@@ -103,7 +106,7 @@ async def run(ns: argparse.Namespace, client: Client) -> int:
     inp = UndoInput(
         workflow_id=ns.workflow_id,
         run_id=desc.run_id,
-        calls=[_done(c, client) for c in todo],
+        calls=[_done(c, client) for c in plan.todo],
     )
     h = await client.start_workflow(
         UNDO_WORKFLOW,
@@ -111,7 +114,7 @@ async def run(ns: argparse.Namespace, client: Client) -> int:
         id=undo_id(ns.workflow_id),
         task_queue=desc.task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        result_type=UndoReport,
+        result_type=RunUndoReport,
         static_summary=f"undo of {ns.workflow_id}",
     )
     try:
@@ -124,11 +127,34 @@ async def run(ns: argparse.Namespace, client: Client) -> int:
             file=sys.stderr,
         )
         return EXIT_NOT_ALL
-    return _print(ns, desc.run_id, report, already, nothing, waiting=False)
+    return _print(ns, desc.run_id, report, plan)
+
+
+async def _undos_elsewhere(client: Client, workflow_id: str) -> list[RunCall]:
+    """The undos ``exactcall undo`` made of ``workflow_id``'s calls: the calls of every run of
+    its undo workflow (the latest by describe, which never lags; earlier ones by listing)."""
+    uid = undo_id(workflow_id)
+    runs: set[str] = set()
+    try:
+        runs.add((await client.get_workflow_handle(uid).describe()).run_id)
+    except RPCError as exc:
+        if exc.status != RPCStatusCode.NOT_FOUND:
+            raise
+        return []
+    async for ex in client.list_workflows(f"WorkflowId = '{uid}'"):
+        runs.add(ex.run_id)
+    out: list[RunCall] = []
+    for run_id in sorted(runs):
+        history = await client.get_workflow_handle(uid, run_id=run_id).fetch_history()
+        calls = await calls_in_history(
+            history, client.data_converter, run_id=run_id, namespace=client.namespace
+        )
+        out += [c for c in calls if is_undo_step(c.step)]
+    return out
 
 
 def _done(c: RunCall, client: Client) -> Done:
-    result: Any = None
+    result: Any = c.settled_result  # landed: the result its verdict gave (or None)
     if c.result is not None:
         try:
             result = to_json_value(
@@ -141,15 +167,9 @@ def _done(c: RunCall, client: Client) -> Done:
     )
 
 
-def _print(
-    ns: argparse.Namespace,
-    run_id: str,
-    report: UndoReport,
-    already: list[str],
-    nothing: dict[str, str],
-    *,
-    waiting: bool,
-) -> int:
+def _print(ns: argparse.Namespace, run_id: str, report: RunUndoReport, plan: UndoPlan) -> int:
+    not_undone = {**plan.blocked, **report.failed, **report.unknown}
+    not_undone.update({s: "its tool declares no undo" for s in report.skipped})
     if ns.json:
         print(
             json.dumps(
@@ -158,8 +178,9 @@ def _print(
                     "run_id": run_id,
                     "undo_workflow_id": undo_id(ns.workflow_id),
                     **report.model_dump(),
-                    "already_undone": already,
-                    "nothing_to_undo": nothing,
+                    "already_undone": list(plan.already),
+                    "nothing_to_undo": {**plan.nothing, **report.nothing_to_undo},
+                    "not_undone": not_undone,
                 },
                 indent=2,
             )
@@ -167,15 +188,20 @@ def _print(
     else:
         for step in report.undone:
             print(f"{step}  undone")
-        for step in already:
-            print(f"{step}  already undone by {step}{UNDO_SUFFIX} in the run")
+        for step, where in plan.already.items():
+            print(f"{step}  already undone by {where}")
+        for step in report.reads:
+            print(f"{step}  read-only: nothing to undo")
         for step in report.skipped:
             print(f"{step}  not undone: its tool declares no undo")
         for step, why in report.failed.items():
             print(f"{step}  undo failed: {why}")
-        for step, outcome in nothing.items():
+        for step, why in report.unknown.items():
+            print(f"{step}  undo outcome unknown: {why}")
+        for step, why in plan.blocked.items():
+            print(f"{step}  not undone: {why}")
+        for step, outcome in {**plan.nothing, **report.nothing_to_undo}.items():
             print(f"{step}  nothing to undo ({outcome})")
-        if not (report.undone or already or report.skipped or report.failed or nothing):
+        if not (report.undone or plan.already or report.reads or not_undone or plan.nothing):
             print(f"{ns.workflow_id} made no call to undo")
-    ok = not (report.failed or report.skipped or waiting)
-    return EXIT_OK if ok else EXIT_NOT_ALL
+    return EXIT_NOT_ALL if not_undone else EXIT_OK

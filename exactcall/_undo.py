@@ -10,7 +10,16 @@ from pydantic import BaseModel, ConfigDict, JsonValue
 
 from ._errors import ExactcallError, register_error
 
-__all__ = ["UNDO_SUFFIX", "Done", "UndoFailed", "UndoInput", "UndoReport", "undo_step"]
+__all__ = [
+    "UNDO_SUFFIX",
+    "Done",
+    "RunUndoReport",
+    "UndoFailed",
+    "UndoInput",
+    "UndoReport",
+    "is_undo_step",
+    "undo_step",
+]
 
 UNDO_SUFFIX = ".undo"
 """An undo tool's default name is its tool's name plus this; its step is the undone step's."""
@@ -20,6 +29,11 @@ def undo_step(step: str) -> str:
     """The step of the undo of ``step``: its key derives from it (workflow id, this step, the
     undo tool and its version), so an undo runs once across crashes, retries and re-runs."""
     return step + UNDO_SUFFIX
+
+
+def is_undo_step(step: str) -> bool:
+    """Whether ``step`` is the undo of another step."""
+    return step.endswith(UNDO_SUFFIX)
 
 
 class Done(BaseModel):
@@ -49,6 +63,16 @@ class UndoReport(BaseModel):
     nothing_to_undo: dict[str, str] = {}
     """Steps whose outcome was unknown and turned out not to have happened (or was
     abandoned), with why."""
+
+
+class RunUndoReport(UndoReport):
+    """What ``exactcall undo`` did of a run's calls (its undo workflow's result)."""
+
+    reads: list[str] = []
+    """Steps of read-only tools: they changed nothing."""
+    unknown: dict[str, str] = {}
+    """Steps whose undo's outcome is unknown, with why: its reconciliation decides (reported,
+    not waited for; a saga waits for the verdict)."""
 
 
 class UndoInput(BaseModel):

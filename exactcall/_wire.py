@@ -72,6 +72,7 @@ __all__ = [
     "SETTLE_PREFIX",
     "TELLS_THE_CALL",
     "UNDO_FAILED_MEMO",
+    "UNDO_KEYS_OF_THE_RUN",
     "UNDO_WORKFLOW",
     "UNRESOLVED_ATTRIBUTE",
     "UNRESOLVED_MEMO",
@@ -283,6 +284,13 @@ BUDGET_MEMO = "exactcall.budget.totals"
 # -- undo ------------------------------------------------------------------------------------
 UNDO_WORKFLOW = "exactcall.Undo"
 """``exactcall undo WORKFLOW_ID``: undoes a run's done calls after the fact."""
+
+
+UNDO_KEYS_OF_THE_RUN = "exactcall.undo-keys-of-the-run"
+"""Patch: ``exactcall undo`` makes each undo as the undone run's own call (its workflow id,
+step ``<step>.undo``), so it has the key the run's saga would give it, whichever process
+makes it; it does not wait for an unknown undo's verdict (it reports it). Runs of the undo
+workflow from before made each undo under the undo workflow's own id."""
 
 
 UNDO_FAILED_MEMO = "exactcall.undo_failed"

@@ -19,6 +19,7 @@ names a change is about.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -35,12 +36,13 @@ from exactcall import approvals
 from exactcall._model import intent_from_input
 from exactcall._server import DevServer
 from exactcall._verdicts import reconcile_id
-from exactcall._worker import Connection, connect
+from exactcall._wire import undo_id
+from exactcall._worker import Connection, build_worker, connect
 from exactcall.activities import Record
 from exactcall.demo.bank import Bank
 from tests.cancel_app import HoldsTheJoin, SeesTheChildStart  # and its tools
 from tests.conftest import plan, running_worker, step
-from tests.workflows import Agent, Rounds
+from tests.workflows import Agent, Rounds, SagaAgent
 
 HERE = Path(__file__).parent / "histories"
 ONLY: set[str] = set()
@@ -120,6 +122,8 @@ async def main() -> None:
                 await _save_reconciliation(client, bank, "reconciliation_marked")
             if wanted("reconciliation_at_start", "reconciliation_at_start_agent"):
                 await _save_reconciliation(client, bank, "reconciliation_at_start")
+            if wanted("cli_undo_keys_of_the_run"):
+                await _save_cli_undo(client, bank)
             if wanted("proxy_owned_call", "proxy_owned_unknown"):
                 await _save_mcp_owned(client, srv.address, Path(tmp))
             # the per-key record of the first payment
@@ -227,6 +231,24 @@ async def _save_mcp_owned(client: Client, address: str, tmp: Path) -> None:
         await p2.client.call_tool("slow_append", args)
         await client.get_workflow_handle(wid, result_type=Outcome).result()
         await _save(client, wid, "mcp/proxy_owned_unknown")
+
+
+async def _save_cli_undo(client: Client, bank: Bank) -> None:
+    """``exactcall undo`` of a finished saga's two calls (one with no undo declared), each
+    undo a call of the saga's workflow id (``undo/cli_undo`` is the same run from before
+    ``exactcall.undo-keys-of-the-run``: each undo a call of the undo workflow's own id)."""
+    import tests.undo_app  # noqa: F401  (its tools)
+    from exactcall import _cli_undo
+
+    steps = [step("saga_pay", bank.url, 10, "dora"), step("saga_notify", bank.url, 5, "dora")]
+    async with build_worker(client, "histories-undo", [SagaAgent]):
+        h = await client.start_workflow(
+            SagaAgent.run, {"steps": steps}, id="hist-undo-keys", task_queue="histories-undo"
+        )
+        await h.result()
+        ns = argparse.Namespace(workflow_id=h.id, run=None, step=[], wait=60.0, yes=True, json=True)
+        await _cli_undo.run(ns, client)
+    await _save(client, undo_id(h.id), "undo/cli_undo_keys_of_the_run")
 
 
 async def _intents(client: Client, workflow_id: str) -> Any:

@@ -18,6 +18,7 @@ from temporalio.exceptions import ApplicationError
 
 import exactcall
 from exactcall._audit import AuditFilter, audit_rows
+from exactcall._canonical import derive_key
 from exactcall._server import DevServer
 from exactcall._worker import build_worker
 from exactcall.demo.bank import Bank
@@ -234,7 +235,10 @@ async def test_exactcall_undo_after_the_fact_undoes_each_once(
             _undo_cli, server, wid, "--step", "saga_pay#1", "--step", "saga_book#1", "--yes"
         )
         assert again.returncode == 0, again.stderr
-        assert again.stdout.splitlines() == ["saga_book#1  undone", "saga_pay#1  undone"]
+        assert again.stdout.splitlines() == [  # it sees the undos it made before
+            "saga_pay#1  already undone by saga_pay#1.undo, made by exactcall undo",
+            "saga_book#1  already undone by saga_book#1.undo, made by exactcall undo",
+        ]
         assert sorted(a for a, _ in refunds(bank, who)) == [10, 20]  # nothing ran twice
 
         undone_by_saga = f"saga-{uuid.uuid4().hex[:8]}"
@@ -252,3 +256,166 @@ async def test_exactcall_undo_after_the_fact_undoes_each_once(
     assert none.returncode == 2 and "no workflow 'no-such-workflow'" in none.stderr, none.stderr
     no_tty = await asyncio.to_thread(_undo_cli, server, wid)
     assert no_tty.returncode == 2 and "--yes" in no_tty.stderr
+
+
+def _refund_keys(bank: Bank, who: str) -> list[str | None]:
+    return [p["idempotency_key"] for p in bank.payments() if p["to_account"] == who + ":refund"]
+
+
+async def test_exactcall_undo_and_the_saga_make_one_undo_under_one_key(
+    server: DevServer, client: Client, bank: Bank, who: str, tq: str
+) -> None:
+    # issue 33 §1: the undo made by the CLI and the one the run's saga makes are one call
+    wid = f"saga-{uuid.uuid4().hex[:8]}"
+    steps = [step("saga_pay", bank.url, 10, who)]
+    async with build_worker(client, tq, [SagaAgent]):
+        await run_saga(client, tq, {"steps": steps}, wid)
+        out = await asyncio.to_thread(_undo_cli, server, wid, "--yes")
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert out.stdout.splitlines() == ["saga_pay#1  undone"]
+        key = derive_key("default", wid, "saga_pay#1.undo", "saga_pay.undo", "1")
+        assert _refund_keys(bank, who) == [key]  # the key the run's own saga would give it
+        # the same workflow id again, and its saga undoes: the record says it is made
+        with pytest.raises(WorkflowFailureError):
+            await run_saga(client, tq, {"steps": steps, "fail": True}, wid)
+    assert _refund_keys(bank, who) == [key]
+    assert bank.count(to=who) == 1
+
+
+async def test_an_undo_settled_by_its_probe_after_a_crash_is_not_made_again(
+    server: DevServer,
+    client: Client,
+    bank: Bank,
+    who: str,
+    tq: str,
+    worker_process: Callable[..., WorkerProcess],
+) -> None:
+    # issue 33 §1: the saga's undo is cut by a SIGKILL after its effect and settled as landed
+    # by its probe; `exactcall undo` afterwards must see it, not refund again
+    tools = ["tests.tools", "tests.undo_app"]
+    a = worker_process(tq, crash_at="saga_charge.undo:after_call:1", tools=tools)
+    await a.started()
+    wid = f"saga-{uuid.uuid4().hex[:8]}"
+    h = await client.start_workflow(
+        SagaAgent.run,
+        {"steps": [step("saga_charge", bank.url, 10, who)], "fail": True},
+        id=wid,
+        task_queue=tq,
+    )
+    assert await a.killed() == -9
+    b = worker_process(tq, tools=tools)
+    await b.started()
+    with pytest.raises(WorkflowFailureError):
+        await h.result()
+    assert len(refunds(bank, who)) == 1
+    out = await asyncio.to_thread(_undo_cli, server, wid, "--yes")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.splitlines() == [
+        "saga_charge#1  already undone by saga_charge#1.undo in the run"
+    ]
+    assert len(refunds(bank, who)) == 1
+    rows = await eventually(lambda: _rows(client, wid), lambda rows: len(rows) == 2, timeout=15)
+    assert {r["step"]: (r["outcome"], r["undone_by"]) for r in rows} == {
+        "saga_charge#1": ("undone", "saga_charge#1.undo"),  # linked to its reconciled undo
+        "saga_charge#1.undo": ("done", None),
+    }
+
+
+async def test_a_call_settled_as_landed_is_undone_and_a_read_is_no_failure(
+    server: DevServer,
+    client: Client,
+    bank: Bank,
+    who: str,
+    tq: str,
+    worker_process: Callable[..., WorkerProcess],
+) -> None:
+    # issue 33 §1: a call whose worker died after the effect, settled landed by its probe, is
+    # undone like a done one; a read-only call has nothing to undo and is not a failure
+    tools = ["tests.tools", "tests.undo_app"]
+    a = worker_process(tq, crash_at="saga_charge:after_call:1", tools=tools)
+    await a.started()
+    wid = f"saga-{uuid.uuid4().hex[:8]}"
+    h = await client.start_workflow(
+        SagaAgent.run,
+        {"steps": [step("saga_look", bank.url, who), step("saga_charge", bank.url, 7, who)]},
+        id=wid,
+        task_queue=tq,
+    )
+    assert await a.killed() == -9
+    b = worker_process(tq, tools=tools)
+    await b.started()
+    await h.result()
+    assert bank.count(to=who) == 1 and refunds(bank, who) == []
+    out = await asyncio.to_thread(_undo_cli, server, wid, "--yes", "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    got = json.loads(out.stdout)
+    assert (got["undone"], got["reads"], got["not_undone"]) == (
+        ["saga_charge#1"],
+        ["saga_look#1"],
+        {},
+    )
+    assert refunds(bank, who) == [(7, "saga_charge#1")]
+    again = await asyncio.to_thread(_undo_cli, server, wid, "--step", "saga_charge#1", "--yes")
+    assert again.returncode == 0, again.stderr
+    assert refunds(bank, who) == [(7, "saga_charge#1")]
+
+
+def test_the_undo_plan_says_why_each_call_is_or_is_not_undone() -> None:
+    from datetime import UTC, datetime
+
+    from exactcall._calls import RunCall
+    from exactcall._undo_plan import plan_undo
+
+    def c(step: str, outcome: str, run: str = "r1") -> RunCall:
+        return RunCall(
+            workflow_id="w",
+            run_id=run,
+            workflow_type="A",
+            step=step,
+            tool=step.split("#")[0],
+            args={},
+            args_hash="h",
+            key="k-" + step,
+            time=datetime.now(UTC),
+            outcome=outcome,
+        )
+
+    calls = [
+        c("a#1", "done"),  # never undone: to do
+        c("b#1", "done"),  # its undo ran elsewhere and is done
+        c("u#1", "unknown"),  # no verdict yet
+        c("f#1", "failed"),  # did not happen
+        c("x#1", "done"),  # its undo's outcome is unknown
+        c("y#1", "done"),  # its undo failed: made again, under the same key
+        c("r#1", "running"),
+    ]
+    undos = [
+        c("b#1.undo", "failed", "r0"),
+        c("b#1.undo", "done", "r2"),
+        c("x#1.undo", "unknown", "r2"),
+        c("y#1.undo", "failed", "r2"),
+    ]
+    plan = plan_undo("w", calls, undos)
+    assert [t.step for t in plan.todo] == ["a#1", "y#1"]
+    assert plan.already == {"b#1": "b#1.undo, made by exactcall undo"}
+    assert plan.nothing == {"f#1": "failed"}
+    assert set(plan.blocked) == {"u#1", "x#1", "r#1"}
+    assert "exactcall resolve w u#1 --landed" in plan.blocked["u#1"]
+    assert "exactcall resolve w x#1.undo --landed" in plan.blocked["x#1"]
+    assert [t.step for t in plan_undo("w", calls, undos, ["a#1"]).todo] == ["a#1"]
+
+
+@pytest.mark.parametrize("name", ["cli_undo", "cli_undo_keys_of_the_run"])
+async def test_stored_undo_runs_replay(name: str) -> None:
+    # cli_undo: each undo a call of the undo workflow's own id, from before
+    # exactcall.undo-keys-of-the-run; the other, each a call of the undone workflow's id
+    from temporalio.worker import Replayer
+
+    from tests.test_replay import HISTORIES, load
+
+    replayer = Replayer(
+        workflows=[],
+        plugins=[exactcall.Plugin(tools=[undo_app.saga_pay, undo_app.saga_notify])],
+        namespace="default",
+    )
+    await replayer.replay_workflow(load(HISTORIES / "undo" / f"{name}.json"))

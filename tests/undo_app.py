@@ -116,3 +116,30 @@ def saga_declined(bank: str, amount: int, to: str) -> dict[str, Any]:
 @saga_declined.undo(provider_idempotent=True, heartbeat_timeout=FAST)
 def undo_saga_declined(done: exactcall.Done) -> dict[str, Any]:
     return _pay_back(done)
+
+
+@exactcall.tool(provider_idempotent=False, heartbeat_timeout=FAST, reconcile=find_by_key)
+def saga_charge(bank: str, amount: int, to: str) -> dict[str, Any]:
+    """A payment the bank does not dedupe (a crash after it is an unknown outcome); its
+    probe finds it by the key."""
+    return _keyed(bank, amount, to)
+
+
+def find_refund(intent: exactcall.Intent) -> Any:
+    """Probe of an undo: the bank's payments under the undo's own key."""
+    done = intent.args["done"]
+    rows = payments_with_key(str(done["args"]["bank"]), intent.key)
+    return exactcall.Landed(rows[0]) if rows else exactcall.NotLanded()
+
+
+@saga_charge.undo(provider_idempotent=False, heartbeat_timeout=FAST, reconcile=find_refund)
+def refund_charge(done: exactcall.Done) -> dict[str, Any]:
+    """Pays the amount back; a crash after it is an unknown outcome, which the probe
+    settles."""
+    return _pay_back(done)
+
+
+@exactcall.tool(read_only=True, heartbeat_timeout=FAST)
+def saga_look(bank: str, to: str) -> int:
+    """A read: nothing to undo."""
+    return 0

@@ -215,16 +215,17 @@ def intent_of(t: Tool, args: Sequence[Any], kwargs: Mapping[str, Any], key: str 
     st = state()
     step = st.next_step(t.name) if key is None else _check_key(key)
     info = workflow.info()
+    wid = st.calls_of or info.workflow_id
     return Intent(
         tool=t.name,
         tool_version=t.version,
         args=canonical,
         args_hash=args_hash(t.name, canonical),
         namespace=info.namespace,
-        workflow_id=info.workflow_id,
+        workflow_id=wid,
         workflow_type=info.workflow_type,
         step=step,
-        key=derive_key(info.namespace, info.workflow_id, step, t.name, t.version),
+        key=derive_key(info.namespace, wid, step, t.name, t.version),
         explicit_key=key is not None,
         record_task_queue=info.task_queue,
     )

@@ -20,13 +20,19 @@ from temporalio import workflow
 from temporalio.common import SearchAttributeKey
 
 from exactcall._canonical import to_json_value
-from exactcall._errors import ExactcallError, ToolFailed
+from exactcall._errors import AmbiguousOutcome, ExactcallError, ToolFailed
 from exactcall._model import Intent
 from exactcall._tool import Tool, resolve_tool
-from exactcall._undo import Done, UndoFailed, UndoInput, UndoReport, undo_step
+from exactcall._undo import Done, RunUndoReport, UndoFailed, UndoInput, UndoReport, undo_step
 from exactcall._verdicts import CallAbandoned
-from exactcall._wire import UNDO_FAILED_MEMO, UNDO_WORKFLOW, UNRESOLVED_ATTRIBUTE
+from exactcall._wire import (
+    UNDO_FAILED_MEMO,
+    UNDO_KEYS_OF_THE_RUN,
+    UNDO_WORKFLOW,
+    UNRESOLVED_ATTRIBUTE,
+)
 
+from ._state import state
 from ._unknown import await_verdict
 
 __all__ = ["Saga", "UndoRun", "note_done", "note_in_doubt", "saga"]
@@ -85,6 +91,8 @@ class Saga:
         self._nothing: dict[str, str] = {}
         """Calls whose outcome was unknown when they were made: undone once their
         reconciliation says they happened."""
+        self._reports_unknown = False
+        """``exactcall undo``: an undo whose outcome is unknown is reported, not awaited."""
 
     @property
     def calls(self) -> list[Done]:
@@ -138,6 +146,8 @@ class Saga:
         skipped: list[str] = []
         failed: dict[str, str] = {}
         nothing: dict[str, str] = {}
+        reads: list[str] = []
+        unknown: dict[str, str] = {}
         for i, d in enumerate(reversed(self._calls)):
             if d.step in self._undone:
                 undone.append(d.step)
@@ -153,10 +163,14 @@ class Saga:
                     nothing[d.step] = self._nothing[d.step] = str(err)
                     continue
             try:
-                u = _undo_tool_of(d.tool)
+                t = resolve_tool(d.tool)
             except ExactcallError as err:  # exactcall undo, on a worker without the tool
                 failed[d.step] = str(err)
                 continue
+            if t.options.read_only:  # exactcall undo of a run's calls: a read changed nothing
+                reads.append(d.step)
+                continue
+            u = t.undo_tool
             if u is None:
                 skipped.append(d.step)
                 workflow.logger.warning(
@@ -164,10 +178,15 @@ class Saga:
                 )
                 continue
             try:
-                self._undone[d.step] = await _undo_one(u, d)
+                self._undone[d.step] = await _undo_one(u, d, self._reports_unknown)
                 undone.append(d.step)
             except asyncio.CancelledError:
                 raise
+            except AmbiguousOutcome as err:
+                if not self._reports_unknown:
+                    failed[d.step] = str(err)
+                else:  # its reconciliation decides; exactcall undo lists it until then
+                    unknown[d.step] = str(err)
             except Exception as err:
                 failed[d.step] = (
                     str(err) if isinstance(err, ExactcallError) else f"{type(err).__name__}: {err}"
@@ -175,6 +194,8 @@ class Saga:
         self.report = UndoReport(
             undone=undone, skipped=skipped, failed=failed, nothing_to_undo=nothing
         )
+        if self._reports_unknown:  # exactcall undo's
+            self.report = RunUndoReport(**dict(self.report), reads=reads, unknown=unknown)
         if failed or self._failed:
             self._publish_failures(failed)
         if failed:
@@ -219,16 +240,13 @@ class Saga:
         workflow.upsert_search_attributes([UNRESOLVED_KEY.value_set(bool(self._failed))])
 
 
-def _undo_tool_of(name: str) -> Tool | None:
-    return resolve_tool(name).undo_tool
-
-
-async def _undo_one(u: Tool, done: Done) -> Any:
+async def _undo_one(u: Tool, done: Done, raise_unknown: bool) -> Any:
     from ._call import call_with  # the call path imports this module
 
     outer = _ACTIVE.set(())  # an undo is not itself a call of the saga (or of one around it)
     try:
-        return await call_with(u, args=[done], key=undo_step(done.step))
+        on_unknown = "raise" if raise_unknown else None
+        return await call_with(u, args=[done], key=undo_step(done.step), on_unknown=on_unknown)
     finally:
         _ACTIVE.reset(outer)
 
@@ -243,14 +261,19 @@ def saga() -> Saga:
 @workflow.defn(name=UNDO_WORKFLOW, sandboxed=False)  # pure code over exactcall's models
 class UndoRun:
     """``exactcall undo WORKFLOW_ID``: undo the given done calls of a run, newest first, each
-    a guarded call of this workflow (so undoing the same workflow id again, a re-run of this
-    one's id, runs no undo twice)."""
+    a guarded call of the undone run (its workflow id, step ``<step>.undo``): the same key as
+    the run's own saga would give it, so an undo runs once whichever process makes it, and an
+    unknown outcome is reported with its reconciliation. Runs from before
+    UNDO_KEYS_OF_THE_RUN made each undo as a call of this workflow's own id."""
 
     @workflow.run
-    async def run(self, inp: UndoInput) -> UndoReport:
+    async def run(self, inp: UndoInput) -> UndoReport:  # RunUndoReport since the patch
         s = Saga()
         s._calls = list(inp.calls)
         s._undo_of = inp.workflow_id
+        if workflow.patched(UNDO_KEYS_OF_THE_RUN):
+            state().calls_of = inp.workflow_id
+            s._reports_unknown = True
         try:
             return await s.undo()
         except UndoFailed:

@@ -119,6 +119,9 @@ class WorkflowState:
     published: bool = False
     settled: dict[str, Any] = field(default_factory=dict)
     """Verdicts that joined reconciliations signalled, by key (see ``_joined`` in _call.py)."""
+    calls_of: str | None = None
+    """The workflow id whose calls this run makes, when not its own (``exactcall undo``
+    makes each undo as a call of the undone run: the key the run's own saga would use)."""
     search_attributes_choice: bool | None = None
     """This run's pinned choice (see SEARCH_ATTRIBUTES_ON_PATCH), once made."""
 

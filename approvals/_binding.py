@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict
 
 from exactcall._canonical import canonical_json
 from exactcall._errors import ExactcallError, register_error
-from exactcall._model import ApprovalGrant
+from exactcall._model import FROZEN, ApprovalGrant
 from exactcall._wire import APPROVALS_QUERY as QUERY
 from exactcall._wire import DECIDE_SIGNAL as DECIDE_SIGNAL
 from exactcall._wire import PENDING_ATTRIBUTE as PENDING_ATTRIBUTE
@@ -48,9 +48,6 @@ __all__ = [
     "DecisionRecord",
     "signed_payload",
 ]
-
-
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
 @register_error
@@ -77,7 +74,7 @@ class ApprovalMissing(ExactcallError):
 class ApprovalRequest(BaseModel):
     """A call waiting for a person: exactly what would run."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     workflow_id: str
     step: str
@@ -118,7 +115,7 @@ class Decision(BaseModel):
 class DecisionRecord(BaseModel):
     """What became of one decision: accepted, or rejected and why."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     decision: Decision
     accepted: bool
@@ -129,7 +126,7 @@ class DecisionRecord(BaseModel):
 class ApprovalsView(BaseModel):
     """Answer of the ``exactcall.approvals`` query."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     pending: list[ApprovalRequest]
     decisions: list[DecisionRecord]

@@ -175,13 +175,15 @@ class BudgetExceeded(ExactcallError):
 
 
 # -- the ledger's models (the wire of its Updates and query) ---------------------------------
-_FROZEN = ConfigDict(frozen=True, extra="ignore")
+_LEDGER_WIRE = ConfigDict(frozen=True, extra="ignore")
+"""Immutable; a field this version does not know is dropped (a ledger and its callers may be
+of different versions)."""
 
 
 class Charge(BaseModel):
     """One call's charge on a budget."""
 
-    model_config = _FROZEN
+    model_config = _LEDGER_WIRE
 
     key: str
     workflow_id: str
@@ -198,7 +200,7 @@ class Charge(BaseModel):
 class ChargeOp(BaseModel):
     """What a call asks of a ledger (through the ``exactcall.budget`` local activity)."""
 
-    model_config = _FROZEN
+    model_config = _LEDGER_WIRE
 
     op: Literal["reserve", "spend", "release"]
     ledger_id: str
@@ -243,7 +245,7 @@ def settle_charges(budgets: Sequence[Budget], intent: Intent) -> tuple[ChargeOp,
 
 
 class ChargeAnswer(BaseModel):
-    model_config = _FROZEN
+    model_config = _LEDGER_WIRE
 
     ok: bool
     """Reserved (or settled); False: over the limit, nothing reserved."""
@@ -255,7 +257,7 @@ class ChargeAnswer(BaseModel):
 
 
 class LedgerInput(BaseModel):
-    model_config = _FROZEN
+    model_config = _LEDGER_WIRE
 
     budget: str
     scope: str
@@ -278,7 +280,7 @@ KEY_PREFIX = 32
 
 
 class WindowTotals(BaseModel):
-    model_config = _FROZEN
+    model_config = _LEDGER_WIRE
 
     window: str
     spent: float
@@ -291,7 +293,7 @@ class WindowTotals(BaseModel):
 class BudgetView(BaseModel):
     """Answer of the ledger's query: each window's totals, and (on request) its charges."""
 
-    model_config = _FROZEN
+    model_config = _LEDGER_WIRE
 
     budget: str
     scope: str

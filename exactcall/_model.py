@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model
 from ._canonical import derive_key
 
 __all__ = [
+    "FROZEN",
     "ApprovalGrant",
     "Intent",
     "Owner",
@@ -25,13 +26,14 @@ __all__ = [
     "intent_from_input",
 ]
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
+FROZEN = ConfigDict(frozen=True, extra="forbid")
+"""exactcall's models: immutable, and an unknown field is an error (not dropped)."""
 
 
 class ApprovalGrant(BaseModel):
     """The approval a call runs under (carried in the intent, checked at the effect)."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     args_hash: str
     approved_by: tuple[str, ...]
@@ -47,7 +49,7 @@ class Intent(BaseModel):
     idempotency key handed to the provider.
     """
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     tool: str
     tool_version: str
@@ -88,7 +90,7 @@ class WireIntent(BaseModel):
     this form carry every field of an Intent, and read the same: what is set is used, what is
     not comes from where the input is read (:meth:`complete`)."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     tool: str
     tool_version: str
@@ -130,7 +132,7 @@ class WireIntent(BaseModel):
 class Owner(BaseModel):
     """One attempt chain: an activity of one workflow run."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     run_id: str
     activity_id: str
@@ -142,7 +144,7 @@ Phase = Literal["calling", "idle", "done", "unknown", "abandoned"]
 class RecordEvent(BaseModel):
     """A marker written to a call record (as a signal) by an attempt."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     kind: Literal["calling", "released", "done", "unknown", "not_landed", "abandoned"]
     owner: Owner
@@ -160,7 +162,7 @@ class RecordInit(BaseModel):
     run starts from ``state``, the state so far, and ``since``, when the key was first claimed.
     """
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     intent: Intent
     owner: Owner
@@ -172,7 +174,7 @@ class RecordInit(BaseModel):
 class RecordState(BaseModel):
     """What is known about one key: who may have called the tool, and the outcome."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     intent: Intent
     phase: Phase

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 from temporalio.common import WorkflowIDReusePolicy
 
 from exactcall._wire import JOINED_SIGNAL as JOINED_SIGNAL
@@ -25,7 +25,7 @@ from exactcall._wire import reconcile_id as reconcile_id
 
 from ._budget import ChargeOp, settle_charges
 from ._errors import ExactcallError, register_error
-from ._model import Intent
+from ._model import FROZEN, Intent
 from ._ui import call_summary, intent_details
 from ._wire import CANCELLED_MEMO
 
@@ -55,9 +55,6 @@ __all__ = [
     "reconcile_id",
     "to_verdict",
 ]
-
-
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
 @register_error
@@ -97,7 +94,7 @@ class Unknown:
 class Verdict(BaseModel):
     """A probe's answer, as it crosses the activity boundary."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     kind: Literal["landed", "not_landed", "unknown"]
     result: Any = None
@@ -122,7 +119,7 @@ def to_verdict(answer: Any) -> Verdict:
 class Resolution(BaseModel):
     """Payload of the ``exactcall.resolve`` signal: a person's verdict."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     verdict: Literal["landed", "not_landed", "abandon"]
     result: Any = None
@@ -136,7 +133,7 @@ class CallSpec(BaseModel):
     re-run and the probe are scheduled from history, never from which tools a worker imported.
     """
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     task_queue: str | None
     start_to_close_timeout: timedelta
@@ -146,7 +143,7 @@ class CallSpec(BaseModel):
 
 
 class ReconcileInput(BaseModel):
-    model_config = _FROZEN
+    model_config = FROZEN
 
     intent: Intent
     reason: str
@@ -164,7 +161,7 @@ class ReconcileInput(BaseModel):
 class UnresolvedCall(BaseModel):
     """A parked call, as listed by ``exactcall unresolved``."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     workflow_id: str
     step: str
@@ -180,7 +177,7 @@ class UnresolvedCall(BaseModel):
 class Settled(BaseModel):
     """How a reconciliation ended: the result of the reconciliation workflow."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     outcome: Literal["done", "failed", "abandoned"]
     verdict: Literal["landed", "not_landed", "abandon"]
@@ -193,7 +190,7 @@ class Settled(BaseModel):
 class SettledNote(BaseModel):
     """Payload of ``exactcall.settled``: the verdict on one key."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     key: str
     settled: Settled
@@ -202,7 +199,7 @@ class SettledNote(BaseModel):
 class ReconcileState(BaseModel):
     """Answer of the reconciliation workflow's query."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     phase: Literal["probing", "parked", "re-running", "settled"]
     reason: str

@@ -44,7 +44,7 @@ from exactcall._wire import BUDGETS_PATCH, READ_PATH_BY_DECLARATION
 
 from ._approval_wait import wait_for_approval
 from ._budget import reserve_for, reserve_overruns, settle_for
-from ._saga import note_done, note_in_doubt
+from ._saga_stage import note_done, note_in_doubt
 from ._state import Flight, cancellation_reaches_calls, state
 from ._unknown import (
     OnUnknown,

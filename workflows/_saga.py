@@ -12,7 +12,7 @@ undoes; leaving it normally does not.
 from __future__ import annotations
 
 import asyncio
-import contextvars
+from contextvars import Token
 from types import TracebackType
 from typing import Any
 
@@ -32,47 +32,14 @@ from exactcall._wire import (
     UNRESOLVED_ATTRIBUTE,
 )
 
+from ._call import call_with
+from ._saga_stage import OPEN, Noter, done_of
 from ._state import state
 from ._unknown import await_verdict
 
-__all__ = ["Saga", "UndoRun", "note_done", "note_in_doubt", "saga"]
+__all__ = ["Saga", "UndoRun", "saga"]
 
 UNRESOLVED_KEY = SearchAttributeKey.for_bool(UNRESOLVED_ATTRIBUTE)
-_ACTIVE: contextvars.ContextVar[tuple[Saga, ...]] = contextvars.ContextVar(
-    "exactcall_sagas", default=()
-)
-
-
-def note_in_doubt(intent: Intent) -> None:
-    """A call raised AmbiguousOutcome (``on_unknown="raise"``): its reconciliation goes on,
-    and a saga that undoes waits for its verdict first."""
-    for s in _ACTIVE.get():
-        s._note_in_doubt(intent)
-
-
-def note_done(intent: Intent, result: Any) -> None:
-    """A call finished done: each saga open around it may have to undo it."""
-    sagas = _ACTIVE.get()
-    if not sagas:
-        return
-    try:
-        value = to_json_value(result, "result")
-    except ExactcallError:
-        value = None  # not JSON: the undo gets the arguments only
-    done = _done_of(intent, value)
-    for s in sagas:
-        s._note(done)
-
-
-def _done_of(intent: Intent, result: Any) -> Done:
-    return Done(
-        tool=intent.tool,
-        step=intent.step,
-        key=intent.key,
-        args=intent.args,
-        result=result,
-        workflow_id=intent.workflow_id,
-    )
 
 
 class Saga:
@@ -81,7 +48,7 @@ class Saga:
     def __init__(self) -> None:
         self._calls: list[Done] = []
         self._undone: dict[str, Any] = {}
-        self._token: contextvars.Token[tuple[Saga, ...]] | None = None
+        self._token: Token[tuple[Noter, ...]] | None = None
         self.report: UndoReport | None = None
         """What the last ``undo()`` did."""
         self._undo_of: str | None = None
@@ -105,13 +72,13 @@ class Saga:
 
     def _note_in_doubt(self, intent: Intent) -> None:
         if all(d.key != intent.key for d in self._calls):
-            self._calls.append(_done_of(intent, None))
+            self._calls.append(done_of(intent, None))
             self._in_doubt[intent.key] = intent
 
     async def __aenter__(self) -> Saga:
         if not workflow.in_workflow():
             raise ExactcallError("exactcall.saga() runs inside a Temporal workflow")
-        self._token = _ACTIVE.set((*_ACTIVE.get(), self))
+        self._token = OPEN.set((*OPEN.get(), self))
         return self
 
     async def __aexit__(
@@ -121,7 +88,7 @@ class Saga:
         tb: TracebackType | None,
     ) -> bool:
         if self._token is not None:
-            _ACTIVE.reset(self._token)
+            OPEN.reset(self._token)
             self._token = None
         if exc is None:
             return False
@@ -220,7 +187,7 @@ class Saga:
             value = to_json_value(result, "result")
         except ExactcallError:
             value = None
-        done = _done_of(intent, value)
+        done = done_of(intent, value)
         self._calls[at] = done
         del self._in_doubt[d.key]
         return done
@@ -241,14 +208,12 @@ class Saga:
 
 
 async def _undo_one(u: Tool, done: Done, raise_unknown: bool) -> Any:
-    from ._call import call_with  # the call path imports this module
-
-    outer = _ACTIVE.set(())  # an undo is not itself a call of the saga (or of one around it)
+    outer = OPEN.set(())  # an undo is not itself a call of the saga (or of one around it)
     try:
         on_unknown = "raise" if raise_unknown else None
         return await call_with(u, args=[done], key=undo_step(done.step), on_unknown=on_unknown)
     finally:
-        _ACTIVE.reset(outer)
+        OPEN.reset(outer)
 
 
 def saga() -> Saga:

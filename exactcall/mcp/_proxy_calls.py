@@ -42,8 +42,8 @@ from exactcall._errors import IntentConflict
 from exactcall._verdicts import reconcile_id
 from exactcall.reconciliation import state as reconciliation_state
 
-from . import DEDUPLICATED_META
-from . import KEY_META as CLIENT_KEY_META
+from ._meta import DEDUPLICATED_META
+from ._meta import KEY_META as CLIENT_KEY_META
 from ._proxy_policy import duration_text
 from ._proxy_workflow import (
     APPROVED_WORKFLOW,

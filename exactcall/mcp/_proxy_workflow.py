@@ -51,7 +51,7 @@ import json
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
@@ -66,7 +66,7 @@ from exactcall._errors import (
     PluginNotInstalled,
     ToolFailed,
 )
-from exactcall._model import Intent
+from exactcall._model import FROZEN, Intent
 from exactcall._verdicts import CallAbandoned, Settled, reconcile_id
 from exactcall._wire import MCP_PROXY_APPROVED_WORKFLOW as APPROVED_WORKFLOW
 from exactcall._wire import MCP_PROXY_AWAIT_SETTLED as AWAIT_SETTLED
@@ -118,7 +118,6 @@ __all__ = [
 ]
 
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
 DELIVERED_AT = " delivered-at="
 """Between the caller and the time in the delivered signal's one argument."""
 LINGER = timedelta(seconds=5)
@@ -140,7 +139,7 @@ Repeat = Literal["running", "undelivered", "window", "key"]
 class CallInput(BaseModel):
     """What a write call is, as the workflow that owns its identity receives it."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     server: str
     tool: str
@@ -163,7 +162,7 @@ class CallInput(BaseModel):
 class Wait(BaseModel):
     """Argument of the wait update: who asks, for which call, and how long to hold."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     caller: str
     args_hash: str
@@ -180,7 +179,7 @@ class Wait(BaseModel):
 class Outcome(BaseModel):
     """Where a write call is. ``result`` is the upstream's ``tools/call`` result (done)."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     kind: Kind
     workflow_id: str
@@ -205,7 +204,7 @@ class Outcome(BaseModel):
 class Report(BaseModel):
     """What an owned call did, from the proxy that sent it (``exactcall.mcp.owner-report``)."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     kind: Literal["done", "not_sent", "unknown"]
     """``done``: the server answered (``result``); ``not_sent``: it definitely did not reach

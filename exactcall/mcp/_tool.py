@@ -33,7 +33,7 @@ from exactcall._context import current_intent
 from exactcall._errors import NotExecuted
 from exactcall._tool import _REGISTRY, Tool, _options, _register
 
-from . import KEY_META, NOT_EXECUTED_META
+from ._meta import KEY_META, NOT_EXECUTED_META
 from ._spec import McpServerSpec, check_server_name, server_spec
 
 __all__ = ["McpPool", "McpTool", "McpToolError", "call_tool", "not_executed", "tool"]

@@ -50,7 +50,7 @@ import exactcall
 from exactcall._server import state_dir
 from exactcall._worker import Connection
 
-from . import KEY_META, NOT_EXECUTED_META
+from ._meta import KEY_META, NOT_EXECUTED_META
 from ._proxy_calls import Call, Caller, Reply, tool_error
 from ._proxy_http import HttpUpstream
 from ._proxy_policy import Audit, Policy

@@ -76,6 +76,7 @@ def _row(r: ApprovalRequest) -> dict[str, Any]:
         "requested_by": r.requested_by,
         "approvals_needed": r.approvals_needed,
         "approved_by": list(r.approved_by),
+        "reasons": list(r.reasons),
     }
 
 
@@ -167,6 +168,13 @@ async def _decide(client: Client, ns: argparse.Namespace) -> int:
     except LookupError as exc:
         last = await _last_outcome(client, ns.workflow, ns.step)
         print(f"exactcall: {exc}{last}", file=sys.stderr)
+        if ns.reason and last:
+            print(
+                f"exactcall: your reason was not recorded: a reason is kept with the decision "
+                f"that decides (give --reason to that {ns.command}); a decided call takes no "
+                "later one",
+                file=sys.stderr,
+            )
         return EXIT_REFUSED
     print(_describe(req))
     if len(given) < HASH_LENGTH:  # a prefix, as `approvals list` prints: whose is it?
@@ -228,7 +236,11 @@ async def _last_outcome(client: Client, workflow: str, step: str | None) -> str:
     except Exception:
         return ""
     done = [r for r in v.decisions if r.accepted and (step is None or r.decision.step == step)]
-    return f" (last accepted decision: {done[-1].outcome})" if done else ""
+    if not done:
+        return ""
+    d = done[-1].decision
+    why = f", reason {d.reason!r}" if d.reason else ", no reason given"
+    return f" (last accepted decision: {done[-1].outcome}, by {d.by}{why})"
 
 
 async def _preapprove(client: Client, ns: argparse.Namespace) -> int:

@@ -160,6 +160,9 @@ def _parser() -> argparse.ArgumentParser:
     _cli_audit.add_parsers(sub, _connection_args)
     _cli_budgets.add_parsers(sub, _connection_args)
     _cli_undo.add_parser(sub, _connection_args)
+    from . import _cli_keys
+
+    _cli_keys.add_parsers(sub)
 
     rp = sub.add_parser("replay", help="replay stored histories; check nondeterminism and intents")
     rp.add_argument("paths", nargs="+", metavar="PATH", help="history JSON files or folders")
@@ -311,6 +314,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "undo",
         ):
             return asyncio.run(_client_command(ns))
+        if ns.command == "keys":
+            from . import _cli_keys
+
+            return _cli_keys.run(ns)
         if ns.command == "crashtest":
             from ._crashtest import main as crashtest
 

@@ -287,3 +287,10 @@ async def test_the_listed_hash_prefix_approves_and_a_wrong_one_sends_nothing(
     assert f"is the start of this call's hash: {req.args_hash}" in out and "accepted" in out
     out_ = await handle.result()
     assert out_[0]["ok"]["to"] == who and bank.count(to=who) == 1
+    # a reason sent after the decision is not silently lost: the CLI says so, and where it goes
+    rc, _, err = await cli(
+        server, "approve", handle.id, "--hash", req.args_hash, "--reason", "ok'd by phone", "--yes"
+    )
+    assert rc == 1, err
+    assert "last accepted decision: approved" in err and "no reason given" in err
+    assert "your reason was not recorded" in err and "--reason" in err

@@ -31,6 +31,7 @@ from exactcall.testing import WorkerProcess
 from tests import budget_app as budget_app
 from tests.conftest import ROOT, plan, running_worker, start_agent, step
 from tests.test_approvals import eventually
+from tests.test_approvals_cli import cli
 from tests.workflows import Agent
 
 
@@ -77,7 +78,7 @@ async def test_refuse_names_the_budget_and_runs_nothing(
 
 
 async def test_a_loop_budget_asks_a_person_and_counts_across_runs(
-    client: Client, bank: Bank, who: str, tq: str
+    server: DevServer, client: Client, bank: Bank, who: str, tq: str
 ) -> None:
     wid = f"loop-{uuid.uuid4().hex[:8]}"
     async with running_worker(client, tq):
@@ -86,6 +87,10 @@ async def test_a_loop_budget_asks_a_person_and_counts_across_runs(
         )
         fourth = await pending_for(client, wid, "budget_write#4")
         assert fourth.reasons == ("budget test-writes-per-run: 3 spent, this call 1, limit 3",)
+        # the JSON list carries the reason its text form shows (issue 33 §3)
+        rc, out, _ = await cli(server, "approvals", "list", "--json")
+        [row] = [r for r in json.loads(out) if r["workflow_id"] == wid]
+        assert rc == 0 and row["reasons"] == list(fourth.reasons)
         res = await approvals.deny(
             client, wid, fourth.step, args_hash=fourth.args_hash, by="ops", reason="enough"
         )

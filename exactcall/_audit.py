@@ -62,6 +62,7 @@ OUTCOMES = (
     "denied",
     "expired",
     "cancelled",
+    "refused",
     "approved",
     "running",
     "pending",

@@ -39,6 +39,7 @@ from ._wire import (
     MCP_PROXY_TOOL,
     MCP_PROXY_TOOL_VERSION,
     PENDING_MEMO,
+    REFUSED_MEMO,
     SETTLE_PREFIX,
     VERDICT_MEMO,
     reconcile_id,
@@ -76,7 +77,8 @@ class RunCall:
     """When the intent was persisted (its activity scheduled), or the approval requested."""
     outcome: str
     """done, undone, failed, conflict, unknown, unresolved, abandoned, denied, expired,
-    cancelled, running, or pending (waiting for a person)."""
+    cancelled, refused (by a budget, before anything ran), running, or pending (waiting for
+    a person)."""
     tool_version: str | None = None
     ended_at: datetime | None = None
     attempts: int = 0
@@ -89,7 +91,8 @@ class RunCall:
     approved_by: list[Approver] = field(default_factory=list)
     denied_by: Approver | None = None
     reason: str | None = None
-    """Why a call was denied (the decider's reason)."""
+    """Why a call was denied (the decider's reason), the budget that refused it, or the
+    reason given with the verdict on an unknown outcome."""
     verdict: str | None = None
     """For a call whose outcome was unknown: landed, not_landed, abandon (None: not yet)."""
     settled_by: str | None = None
@@ -197,6 +200,7 @@ async def calls_in_history(
     acts: dict[int, _Activity] = {}
     requests: dict[str, _Request] = {}
     decisions: list[tuple[datetime, dict[str, Any]]] = []
+    refused: list[tuple[Any, datetime]] = []
     children: dict[str, Any] = {}
     workflow_type = ""
     for ev in history.events:
@@ -252,6 +256,8 @@ async def calls_in_history(
             memo = ev.workflow_properties_modified_event_attributes.upserted_memo.fields
             if PENDING_MEMO in memo:
                 _pending_changed(requests, await _decode(conv, memo[PENDING_MEMO]), when)
+            if REFUSED_MEMO in memo:
+                refused.append((await _decode(conv, memo[REFUSED_MEMO]), when))
         elif t == _ET.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED:
             child = ev.start_child_workflow_execution_initiated_event_attributes.workflow_id
             owned.children.setdefault(child, when)
@@ -316,7 +322,29 @@ async def calls_in_history(
             by_step[step].needed_approval = True
             continue
         out.append(_unrun(wid, run_id, workflow_type, r, decisions, out))
+    out += [_refused(r, at, run_id, workflow_type) for r, at in refused if isinstance(r, dict)]
     return out
+
+
+def _refused(r: dict[str, Any], at: datetime, run_id: str | None, workflow_type: str) -> RunCall:
+    """A call a budget refused before anything ran (the run's ``REFUSED_MEMO``)."""
+    return RunCall(
+        workflow_id=str(r.get("workflow_id", "")),
+        run_id=run_id,
+        workflow_type=workflow_type,
+        step=str(r.get("step", "")),
+        tool=str(r.get("tool", "")),
+        tool_version=r.get("tool_version"),
+        args=dict(r.get("args") or {}),
+        args_hash=str(r.get("args_hash", "")),
+        key=str(r.get("key", "")),
+        time=_time(r.get("at")) or at,
+        ended_at=at,
+        outcome="refused",
+        error_type="BudgetExceeded",
+        error=r.get("message"),
+        reason=f"budget {r.get('budget')}",
+    )
 
 
 def link_undos(calls: Iterable[RunCall], undos: Iterable[RunCall] = ()) -> None:

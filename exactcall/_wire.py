@@ -17,6 +17,7 @@ __all__ = [
     "BUDGET_ACTIVITY",
     "BUDGET_MEMO",
     "BUDGET_OVER",
+    "BUDGET_REFUSALS_RECORDED",
     "BUDGET_RESERVE_UPDATE",
     "BUDGET_SETTLE_SIGNAL",
     "BUDGET_STATE_QUERY",
@@ -62,6 +63,7 @@ __all__ = [
     "RECONCILE_WORKFLOW",
     "RECORD_STATE_QUERY",
     "RECORD_WORKFLOW",
+    "REFUSED_MEMO",
     "REQUESTED_BY_MEMO",
     "RESOLVE_SIGNAL",
     "RUN_CLAIM_WORKFLOW",
@@ -278,6 +280,11 @@ def budget_id(name: str, workflow_id: str | None = None) -> str:
 
 BUDGET_OVER = "exactcall.BudgetOver"
 """Failure type of a reservation the ledger's validator refused (over the limit)."""
+BUDGET_REFUSALS_RECORDED = "exactcall.budget-refusals-recorded"
+"""Patch: a call a budget refuses (``on_exceed="refuse"``) is written to its run's memo
+(``REFUSED_MEMO``), so ``exactcall audit`` lists it. Runs from before left no trace of it."""
+REFUSED_MEMO = "exactcall.refused"
+"""A run's memo entry for its latest refused call (each upsert, in the history, is one)."""
 BUDGET_MEMO = "exactcall.budget.totals"
 """A ledger's totals per window (what ``exactcall budgets`` lists without a worker)."""
 

@@ -122,6 +122,9 @@ async def main() -> None:
                 await _save_reconciliation(client, bank, "reconciliation_marked")
             if wanted("reconciliation_at_start", "reconciliation_at_start_agent"):
                 await _save_reconciliation(client, bank, "reconciliation_at_start")
+            for name in ("refused_before_recorded", "refused_recorded"):
+                if wanted(name):
+                    await _save_budget_refused(client, bank, name)
             if wanted("cli_undo_keys_of_the_run"):
                 await _save_cli_undo(client, bank)
             if wanted("proxy_owned_call", "proxy_owned_unknown"):
@@ -231,6 +234,21 @@ async def _save_mcp_owned(client: Client, address: str, tmp: Path) -> None:
         await p2.client.call_tool("slow_append", args)
         await client.get_workflow_handle(wid, result_type=Outcome).result()
         await _save(client, wid, "mcp/proxy_owned_unknown")
+
+
+async def _save_budget_refused(client: Client, bank: Bank, name: str) -> None:
+    """Three calls on a budget that refuses (limit 25): the third would pass it. Recorded as
+    ``refused_before_recorded`` before ``exactcall.budget-refusals-recorded``, when a refusal
+    left no trace in the run; ``refused_recorded`` once it is in the run's memo."""
+    import tests.budget_app  # noqa: F401  (its tools)
+
+    calls = plan(*[step("budget_strict", bank.url, 10, "erin") for _ in range(3)])
+    async with build_worker(client, "histories-budget", [Agent]):
+        h = await client.start_workflow(
+            Agent.run, calls, id=f"hist-{name}", task_queue="histories-budget"
+        )
+        await h.result()
+    await _save(client, h.id, f"budget/{name}")
 
 
 async def _save_cli_undo(client: Client, bank: Bank) -> None:

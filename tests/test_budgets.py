@@ -17,10 +17,13 @@ from typing import Any
 
 import pytest
 from temporalio.client import Client, WorkflowFailureError
+from temporalio.converter import DataConverter
 
 import exactcall
 from exactcall import approvals, reconciliation
+from exactcall._audit import AuditFilter, audit_rows
 from exactcall._budget import LedgerInput
+from exactcall._calls import calls_in_history
 from exactcall._cli_budgets import view
 from exactcall._replay import replay_histories
 from exactcall._server import DevServer
@@ -32,6 +35,7 @@ from tests import budget_app as budget_app
 from tests.conftest import ROOT, plan, running_worker, start_agent, step
 from tests.test_approvals import eventually
 from tests.test_approvals_cli import cli
+from tests.test_replay import load
 from tests.workflows import Agent
 
 
@@ -74,6 +78,12 @@ async def test_refuse_names_the_budget_and_runs_nothing(
     }
     assert "would pass the budget test-strict: 20 spent, this call 10, limit 25" in err["message"]
     assert bank.count(to=who) == 2
+    # the audit lists the refused call, with the budget (issue 33 §3)
+    rows = [r async for r in audit_rows(client, AuditFilter(workflow=h.id))]
+    [row] = [r for r in rows if r["step"] == "budget_strict#3"]
+    assert (row["outcome"], row["reason"]) == ("refused", "budget test-strict")
+    assert row["error"].startswith("BudgetExceeded: budget_strict budget_strict#3 would pass")
+    assert [r["outcome"] for r in rows if r["step"] != "budget_strict#3"] == ["done", "done"]
     assert [(w.spent, w.reserved, w.calls) for w in v.windows] == [(20.0, 0.0, 2)]
 
 
@@ -405,6 +415,19 @@ async def test_a_history_from_before_the_tool_had_budgets_replays() -> None:
     [report] = await replay_histories([path], [Agent])
     assert report.ok, report.problems
     assert report.calls == 1
+
+
+@pytest.mark.parametrize("name", ["refused_before_recorded", "refused_recorded"])
+async def test_runs_with_a_refused_call_replay(name: str) -> None:
+    # before exactcall.budget-refusals-recorded a refusal left no trace in the run; since, it
+    # is in the run's memo, and the audit reads it from the history
+    path = ROOT / "tests" / "histories" / "budget" / f"{name}.json"
+    [report] = await replay_histories([path], [Agent])
+    assert report.ok, report.problems
+    history = load(path)
+    calls = await calls_in_history(history, DataConverter.default)
+    refused = [c.step for c in calls if c.outcome == "refused"]
+    assert refused == ([] if name == "refused_before_recorded" else ["budget_strict#3"])
 
 
 async def test_a_call_in_flight_across_the_deploy_finishes_once_uncharged(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pydantic
@@ -40,7 +40,12 @@ from exactcall._metrics import CALLS, count, observed_approval
 from exactcall._model import Intent
 from exactcall._tool import Tool, resolve_tool
 from exactcall._verdicts import CallAbandoned, CallSpec
-from exactcall._wire import BUDGETS_PATCH, READ_PATH_BY_DECLARATION
+from exactcall._wire import (
+    BUDGET_REFUSALS_RECORDED,
+    BUDGETS_PATCH,
+    READ_PATH_BY_DECLARATION,
+    REFUSED_MEMO,
+)
 
 from ._approval_wait import wait_for_approval
 from ._budget import reserve_for, reserve_overruns, settle_for
@@ -142,6 +147,18 @@ async def call_with(
         raise
     note_done(intent, result)
     return result
+
+
+def _refusal(intent: Intent, err: BudgetExceeded, at: datetime) -> dict[str, Any]:
+    """A refused call as its run's memo records it (``exactcall audit`` reads each one)."""
+    i = intent
+    return {
+        **{k: getattr(i, k) for k in ("workflow_id", "step", "tool", "args", "args_hash", "key")},
+        "tool_version": i.tool_version,
+        "at": at.isoformat(),
+        "budget": err.fields.get("budget"),
+        "message": err.message,
+    }
 
 
 def _reads(t: Tool) -> bool:
@@ -266,7 +283,7 @@ async def _budgeted(t: Tool, intent: Intent, on_unknown: OnUnknown, flight: Flig
         await settle_for(held, spent=False)
         o = refused[0]
         why = over_text(o.budget, o.op.window, o.answer, o.op.measure)
-        raise BudgetExceeded(
+        err = BudgetExceeded(
             f"{t.name} {intent.step} would pass the {why}; nothing ran",
             tool=t.name,
             step=intent.step,
@@ -278,6 +295,9 @@ async def _budgeted(t: Tool, intent: Intent, on_unknown: OnUnknown, flight: Flig
             measure=o.op.measure,
             limit=o.answer.limit,
         )
+        if workflow.patched(BUDGET_REFUSALS_RECORDED):  # for exactcall audit
+            workflow.upsert_memo({REFUSED_MEMO: _refusal(intent, err, workflow.now())})
+        raise err
     try:
         if over or t.needs_approval(intent):
             why = tuple(over_text(o.budget, o.op.window, o.answer, o.op.measure) for o in over)

@@ -125,6 +125,8 @@ async def main() -> None:
             for name in ("refused_before_recorded", "refused_recorded"):
                 if wanted(name):
                     await _save_budget_refused(client, bank, name)
+            if wanted("settled_at_once", "ledger_updates"):
+                await _save_budget_settled(client, bank)
             if wanted("cli_undo_keys_of_the_run"):
                 await _save_cli_undo(client, bank)
             if wanted("proxy_owned_call", "proxy_owned_unknown"):
@@ -249,6 +251,29 @@ async def _save_budget_refused(client: Client, bank: Bank, name: str) -> None:
         )
         await h.result()
     await _save(client, h.id, f"budget/{name}")
+
+
+async def _save_budget_settled(client: Client, bank: Bank) -> None:
+    """Three calls on the budget ``test-refunds``: two done, one that fails without running
+    (released). ``budget/settled_at_once`` is the caller as recorded when every reservation
+    was its own Update and every outcome settled at once (a local activity each);
+    ``budget/ledger_updates`` is the ledger of that shape (one Update per reservation, one
+    signal per settle, on its first caller's task queue)."""
+    import tests.budget_app  # noqa: F401  (its tools)
+    from exactcall._wire import budget_id
+
+    calls = plan(
+        step("budget_refund", bank.url, 10, "fay"),
+        step("budget_refund", bank.url, 20, "fay"),
+        step("budget_release_fail", bank.url, 5, "fay", fail=True),
+    )
+    async with build_worker(client, "histories-budget", [Agent]):
+        h = await client.start_workflow(
+            Agent.run, calls, id="hist-settled-at-once", task_queue="histories-budget"
+        )
+        await h.result()
+    await _save(client, h.id, "budget/settled_at_once")
+    await _save(client, budget_id("test-refunds"), "budget/ledger_updates")
 
 
 async def _save_cli_undo(client: Client, bank: Bank) -> None:

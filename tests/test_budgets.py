@@ -448,3 +448,13 @@ async def test_a_call_in_flight_across_the_deploy_finishes_once_uncharged(
         v = await view(client, "test-late")
     assert [(w.spent, w.calls) for w in v.windows] == [(5.0, 1)]
     assert bank.count(to=who) == 2
+
+
+@pytest.mark.parametrize("name", ["settled_at_once", "ledger_updates"])
+async def test_runs_and_ledgers_of_one_update_per_reservation_replay(name: str) -> None:
+    # recorded when every reservation was its own Update and every outcome settled at once:
+    # the caller (two done calls, one released) and its ledger replay on today's code
+    path = ROOT / "tests" / "histories" / "budget" / f"{name}.json"
+    [report] = await replay_histories([path], [Agent])
+    assert report.ok, report.problems
+    assert report.calls == (3 if name == "settled_at_once" else 0)

@@ -38,6 +38,7 @@ __all__ = [
     "MARK_RECORD",
     "MARK_SIGNAL",
     "MCP_PROXY_APPROVED_WORKFLOW",
+    "MCP_PROXY_APPROVAL_SEEN",
     "MCP_PROXY_AWAIT_SETTLED",
     "MCP_PROXY_DELIVERED_SIGNAL",
     "MCP_PROXY_ID_PREFIX",
@@ -189,6 +190,12 @@ MCP_PROXY_LINGERS = "exactcall.mcp.lingers"
 few seconds for identical calls sent before the answer was delivered (copies still on their
 way from another proxy), and ends as soon as a later identical call asks for a new run.
 Runs recorded before it end at the first delivery (tests/histories/mcp/proxy_call_retry.json)."""
+MCP_PROXY_APPROVAL_SEEN = "exactcall.mcp.approval-seen"
+"""Patch, asked by the wait update of a ProxyCallApproved run: the wait answers as soon as the
+call waits for a person (its condition reads the run's approval book, found in the update's
+own task). Runs recorded before it held the first wait for its whole slice (30 s), since the
+condition, checked outside any task, never found the book
+(tests/histories/mcp/proxy_approved_call.json)."""
 
 # -- the adapters' names in the frameworks' own state --------------------------------------------
 LANGGRAPH_APPROVAL_INTERRUPT = "exactcall.approval"

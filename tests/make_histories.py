@@ -131,6 +131,8 @@ async def main() -> None:
                 await _save_cli_undo(client, bank)
             if wanted("proxy_owned_call", "proxy_owned_unknown"):
                 await _save_mcp_owned(client, srv.address, Path(tmp))
+            if wanted("proxy_approved_call"):
+                await _save_mcp_approved(client, srv.address, Path(tmp))
             # the per-key record of the first payment
             intent = await anext(_intents(client, h.id))
             rec = Record(client, intent)
@@ -236,6 +238,27 @@ async def _save_mcp_owned(client: Client, address: str, tmp: Path) -> None:
         await p2.client.call_tool("slow_append", args)
         await client.get_workflow_handle(wid, result_type=Outcome).result()
         await _save(client, wid, "mcp/proxy_owned_unknown")
+
+
+async def _save_mcp_approved(client: Client, address: str, tmp: Path) -> None:
+    """A write of ``exactcall mcp proxy --approve append`` (ProxyCallApproved): the client
+    waits, gets the tool error that says how to approve, a person approves, the same call
+    sent again gets the result. ``proxy_approved_call`` was recorded before the patch
+    ``exactcall.mcp.approval-seen`` (the first wait missed the approval request and held the
+    client for its whole 30 s slice); keep it."""
+    from exactcall.mcp._proxy_workflow import Outcome
+    from tests.mcp_proxy_client import proxied
+
+    flags = ("--approve", "append", "--approval-wait", "1s")
+    async with proxied(tmp, *flags, name="hist-approved", address=address) as p:
+        waiting = await p.client.call_tool("append", {"line": "a"})
+        meta = waiting.meta or {}
+        wid, step = meta["io.exactcall/workflow-id"], meta["io.exactcall/step"]
+        req = await approvals.pending(client, wid, step)
+        await approvals.approve(client, wid, step, args_hash=req.args_hash, by="ops")
+        await p.client.call_tool("append", {"line": "a"})
+        await client.get_workflow_handle(wid, result_type=Outcome).result()
+        await _save(client, wid, "mcp/proxy_approved_call")
 
 
 async def _save_budget_refused(client: Client, bank: Bank, name: str) -> None:

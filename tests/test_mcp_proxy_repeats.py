@@ -385,6 +385,9 @@ async def test_a_cancelled_write_gets_no_response_and_the_server_gets_the_cancel
         "proxy_owned_call",
         # sent by the proxy itself, which was killed mid-write: unknown, settled as landed
         "proxy_owned_unknown",
+        # a tool given to --approve, before its wait saw the approval request at once
+        # (exactcall.mcp.approval-seen): waited for, approved, then delivered
+        "proxy_approved_call",
     ],
 )
 async def test_a_proxy_call_history_of_an_older_shape_replays(name: str) -> None:

@@ -110,6 +110,8 @@ class Call:
     origin: Any = field(default=None, compare=False, repr=False)
     """The client session it came from (its progress goes there, and it is sent upstream
     through that session's server while the session is open)."""
+    started: float = field(default_factory=time.monotonic, compare=False, repr=False)
+    """When it reached the proxy: the approval wait counts from then."""
 
     @property
     def client_key(self) -> Any:
@@ -561,17 +563,17 @@ class Caller:
         """Hold the client until the outcome is known: while a person is asked (up to the
         approval wait, with progress notifications that say how to approve), while the call
         runs, and while a verdict on an unknown outcome is being carried out."""
-        waited, sent = 0.0, 0
+        sent, until = 0, call.started + self.approval_wait
         handle = client.get_workflow_handle(wid)
         while True:
             w = Wait(caller=inp.caller, args_hash=inp.args_hash, timeout_seconds=WAIT_SLICE)
             if outcome.kind == "pending" and outcome.awaiting_approval:
-                if waited >= self.approval_wait:
+                left = until - time.monotonic()
+                if left <= 0:
                     return outcome
                 sent += 1
                 self._progress(call, sent, self._approve_text(outcome))
-                slice_ = max(min(SHORT_SLICE, self.approval_wait - waited), 0.05)
-                waited += slice_
+                slice_ = max(min(SHORT_SLICE, left), 0.05)
                 w = w.model_copy(update={"timeout_seconds": slice_, "until_approval": False})
             elif outcome.kind == "unknown" and await self._settling(client, outcome):
                 w = w.model_copy(update={"timeout_seconds": SHORT_SLICE, "past_unknown": True})

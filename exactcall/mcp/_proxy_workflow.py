@@ -68,6 +68,7 @@ from exactcall._errors import (
 )
 from exactcall._model import FROZEN, Intent
 from exactcall._verdicts import CallAbandoned, Settled, reconcile_id
+from exactcall._wire import MCP_PROXY_APPROVAL_SEEN as APPROVAL_SEEN
 from exactcall._wire import MCP_PROXY_APPROVED_WORKFLOW as APPROVED_WORKFLOW
 from exactcall._wire import MCP_PROXY_AWAIT_SETTLED as AWAIT_SETTLED
 from exactcall._wire import MCP_PROXY_DELIVERED_SIGNAL as DELIVERED_SIGNAL
@@ -333,11 +334,14 @@ class ProxyCall:
             self._callers.add(w.caller)
             if self._outcome is None or self._delivered:  # delivered: sent while it ran
                 self._while_running.add(w.caller)
+        book = self._approval_book() if w.until_approval else None
 
         def answered() -> bool:
             o = self._outcome
             if o is not None:
                 return o.kind != "unknown" or not w.past_unknown
+            if book is not None:
+                return bool(book.pending())
             return w.until_approval and _awaiting_approval()
 
         with contextlib.suppress(TimeoutError):
@@ -347,6 +351,11 @@ class ProxyCall:
         if w.caller == self._inp.caller:
             return current.model_copy(update={"deduplicated": False})
         return current.model_copy(update={"deduplicated": True, "repeat": self._repeat(w.caller)})
+
+    def _approval_book(self) -> Any:
+        """The run's approval book, for a wait condition (None: it never asks a person). A
+        condition is checked outside any task, where the run's state cannot be found."""
+        return None
 
     def _after_wait(self, w: Wait) -> None:
         """(A caller sent after the delivery is refused by ``OwnedProxyCall``.)"""
@@ -505,6 +514,14 @@ class ApprovedProxyCall(ProxyCall):
     @workflow.run
     async def run(self, inp: CallInput) -> Outcome:
         return await super().run(inp)
+
+    def _approval_book(self) -> Any:
+        """Found here, in the update's task (runs from before the patch: None, as they ran)."""
+        if not workflow.patched(APPROVAL_SEEN):
+            return None
+        with contextlib.suppress(PluginNotInstalled):
+            return state().book
+        return None
 
 
 def _awaiting_approval() -> bool:

@@ -34,7 +34,7 @@ import asyncio
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio.api.common.v1 import Payloads, WorkflowExecution, WorkflowType
@@ -53,7 +53,8 @@ from temporalio.api.workflowservice.v1 import (
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from exactcall._model import Intent, intent_from_input
+from exactcall._history import read_history
+from exactcall._model import Intent
 from exactcall._ui import claim_summary
 from exactcall._wire import RUN_CLAIM_WORKFLOW as RUN_CLAIM_WORKFLOW
 from exactcall._wire import run_claim_id as run_claim_id
@@ -336,73 +337,27 @@ async def _read_run(client: Client, workflow_id: str, run_id: str) -> _RunView:
 async def _history(
     client: Client, workflow_id: str, run_id: str
 ) -> tuple[dict[str, list[Chain]], int]:
+    """Each call's activities in the run's history (``exactcall._history``), by key."""
     conv = client.data_converter
-    chains: dict[str, list[Chain]] = {}
-    by_scheduled: dict[int, Chain] = {}
-    events = 0
     handle = client.get_workflow_handle(workflow_id, run_id=run_id)
-    workflow_type = ""
-    async for ev in handle.fetch_history_events():
-        events += 1
-        et = ev.event_type
-        when = ev.event_time.ToDatetime().replace(tzinfo=UTC)
-        if et == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
-            workflow_type = ev.workflow_execution_started_event_attributes.workflow_type.name
-        elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            attrs = ev.activity_task_scheduled_event_attributes
-            payloads = attrs.input.payloads
-            if len(payloads) != 1:
-                continue
-            try:
-                [raw] = await conv.decode(payloads)
-            except Exception:
-                continue
-            if not isinstance(raw, dict) or "args_hash" not in raw:
-                continue
-            try:  # a tool activity's input, in either form (the key derived when left out)
-                full = intent_from_input(
-                    raw, workflow_type=workflow_type, task_queue=attrs.task_queue.name
-                )
-            except ValueError:
-                continue
-            timeouts = [
-                t.ToTimedelta()
-                for t in (attrs.heartbeat_timeout, attrs.start_to_close_timeout)
-                if t.seconds or t.nanos
-            ]
-            chain = Chain(
-                key=full.key,
-                args_hash=full.args_hash,
-                intent=full.model_dump(mode="json"),
-                activity_id=attrs.activity_id,
-                scheduled_at=when,
-                min_timeout=min(timeouts) if timeouts else timedelta(0),
-            )
-            by_scheduled[ev.event_id] = chain
-            chains.setdefault(chain.key, []).append(chain)
-        elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
-            c = by_scheduled.get(ev.activity_task_started_event_attributes.scheduled_event_id)
-            if c is not None:
-                c.started = True
-        elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
-            a = ev.activity_task_completed_event_attributes
-            c = by_scheduled.get(a.scheduled_event_id)
-            if c is not None:
-                values = await conv.decode(a.result.payloads) if a.result.payloads else [None]
-                c.done, c.result = True, values[0]
-        elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED:
-            a_f = ev.activity_task_failed_event_attributes
-            c = by_scheduled.get(a_f.scheduled_event_id)
-            if c is not None:
-                c.closed, c.closed_at = "failed", when
-                if a_f.failure.HasField("application_failure_info"):
-                    c.failure_type = a_f.failure.application_failure_info.type
-        elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT:
-            c = by_scheduled.get(ev.activity_task_timed_out_event_attributes.scheduled_event_id)
-            if c is not None:
-                c.closed, c.closed_at = "timed out", when
-        elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED:
-            c = by_scheduled.get(ev.activity_task_canceled_event_attributes.scheduled_event_id)
-            if c is not None:
-                c.closed, c.closed_at = "canceled", when
-    return chains, events
+    run = await read_history(handle.fetch_history_events(), conv)
+    chains: dict[str, list[Chain]] = {}
+    for c in run.calls:
+        chain = Chain(
+            key=c.intent.key,
+            args_hash=c.intent.args_hash,
+            intent=c.intent.model_dump(mode="json"),
+            activity_id=c.activity_id,
+            scheduled_at=c.scheduled_at,
+            min_timeout=c.min_timeout,
+            started=c.started,
+        )
+        if c.closed == "completed":
+            chain.done = True
+            chain.result = (await conv.decode([c.result]))[0] if c.result is not None else None
+        elif c.closed is not None:
+            chain.closed = {"timed_out": "timed out"}.get(c.closed, c.closed)
+            chain.closed_at = c.closed_at
+            chain.failure_type = c.failure_type or ""
+        chains.setdefault(chain.key, []).append(chain)
+    return chains, run.events

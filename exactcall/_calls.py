@@ -25,11 +25,11 @@ from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHistory
 from temporalio.converter import DataConverter
-from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
 from ._canonical import derive_key
-from ._model import Intent, intent_from_input
+from ._history import HistoryCall, read_history
+from ._model import Intent
 from ._undo import is_undo_step, undo_step
 from ._wire import (
     DECIDE_SIGNAL,
@@ -128,6 +128,27 @@ class _Activity:
     error: str | None = None
     error_details: tuple[Any, ...] = ()
 
+    @staticmethod
+    def of(c: HistoryCall) -> _Activity:
+        """A call's activity, its closing said as the audit says outcomes."""
+        closed = {"completed": "done", "timed_out": "unknown", "canceled": "cancelled"}.get(
+            c.closed or "", c.closed
+        )
+        if c.closed == "failed":
+            closed = _FAILED_TYPES.get(c.error_type or "", "failed")
+        return _Activity(
+            intent=c.intent,
+            scheduled=c.scheduled_at,
+            activity_id=c.activity_id,
+            attempts=c.attempts,
+            closed=closed,
+            ended_at=c.closed_at,
+            result=c.result,
+            error_type=c.error_type,
+            error=c.error,
+            error_details=c.error_details,
+        )
+
 
 @dataclass
 class _Owned:
@@ -196,89 +217,45 @@ async def calls_in_history(
 ) -> list[RunCall]:
     """The guarded calls of one run, in the order they were made (``namespace``: the one it
     ran in, for the key of a call that the MCP proxy sent itself)."""
-    owned = _Owned()
-    acts: dict[int, _Activity] = {}
-    requests: dict[str, _Request] = {}
+    run = await read_history(history.events, conv)
+    workflow_type = run.workflow_type
+    run_id = run_id or run.original_run_id
+    owned = _Owned(children=dict(run.children_started))
+    if workflow_type == MCP_PROXY_OWNED_WORKFLOW and run.start_input is not None:
+        owned.input = await _decode(conv, run.start_input)
+        owned.at = run.started_at
+    reports = [r for r in run.signals if r[1] == MCP_PROXY_OWNER_REPORT_SIGNAL]
+    reports += [r for r in run.updates if r[1] == MCP_PROXY_OWNER_REPORT_UPDATE]
+    for _, _, when, payloads in sorted(reports, key=lambda r: r[0]):  # in event order
+        if payloads:
+            owned.report = owned.report or await _decode(conv, payloads[0])
+            owned.ended_at = owned.ended_at or when
     decisions: list[tuple[datetime, dict[str, Any]]] = []
+    for _, name, when, payloads in run.signals:
+        if name == DECIDE_SIGNAL and len(payloads) == 1:
+            d = await _decode(conv, payloads[0])
+            if isinstance(d, dict) and "decision" in d and "by" in d:
+                decisions.append((when, d))
+    requests: dict[str, _Request] = {}
     refused: list[tuple[Any, datetime]] = []
-    children: dict[str, Any] = {}
-    workflow_type = ""
-    for ev in history.events:
-        t = ev.event_type
-        when = ev.event_time.ToDatetime(tzinfo=UTC)
-        if t == _ET.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
-            a = ev.workflow_execution_started_event_attributes
-            workflow_type = a.workflow_type.name
-            run_id = run_id or a.original_execution_run_id or None
-            if workflow_type == MCP_PROXY_OWNED_WORKFLOW and a.input.payloads:
-                owned.input, owned.at = await _decode(conv, a.input.payloads[0]), when
-        elif t == _ET.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            a = ev.activity_task_scheduled_event_attributes
-            intent = await _intent(conv, list(a.input.payloads), workflow_type, a.task_queue.name)
-            if intent is not None:
-                acts[ev.event_id] = _Activity(intent, when, a.activity_id)
-        elif t == _ET.EVENT_TYPE_ACTIVITY_TASK_STARTED:
-            a = ev.activity_task_started_event_attributes
-            if (act := acts.get(a.scheduled_event_id)) is not None:
-                act.attempts = max(act.attempts, a.attempt)
-        elif t == _ET.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
-            a = ev.activity_task_completed_event_attributes
-            if (act := acts.get(a.scheduled_event_id)) is not None:
-                act.closed, act.ended_at = "done", when
-                act.result = a.result.payloads[0] if a.result.payloads else None
-        elif t in (_ET.EVENT_TYPE_ACTIVITY_TASK_FAILED, _ET.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT):
-            a = (
-                ev.activity_task_failed_event_attributes
-                if t == _ET.EVENT_TYPE_ACTIVITY_TASK_FAILED
-                else ev.activity_task_timed_out_event_attributes
-            )
-            if (act := acts.get(a.scheduled_event_id)) is not None:
-                act.ended_at = when
-                act.error_type, act.error, act.error_details = await _failure(conv, a.failure)
-                if t == _ET.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT:
-                    act.closed = "unknown"
-                else:
-                    act.closed = _FAILED_TYPES.get(act.error_type or "", "failed")
-        elif t == _ET.EVENT_TYPE_ACTIVITY_TASK_CANCELED:
-            a = ev.activity_task_canceled_event_attributes
-            if (act := acts.get(a.scheduled_event_id)) is not None:
-                act.closed, act.ended_at = "cancelled", when
-        elif t == _ET.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
-            a = ev.workflow_execution_signaled_event_attributes
-            if a.signal_name == MCP_PROXY_OWNER_REPORT_SIGNAL and a.input.payloads:
-                owned.report = owned.report or await _decode(conv, a.input.payloads[0])
-                owned.ended_at = owned.ended_at or when
-            if a.signal_name == DECIDE_SIGNAL and len(a.input.payloads) == 1:
-                d = await _decode(conv, a.input.payloads[0])
-                if isinstance(d, dict) and "decision" in d and "by" in d:
-                    decisions.append((when, d))
-        elif t == _ET.EVENT_TYPE_WORKFLOW_PROPERTIES_MODIFIED:
-            memo = ev.workflow_properties_modified_event_attributes.upserted_memo.fields
-            if PENDING_MEMO in memo:
-                _pending_changed(requests, await _decode(conv, memo[PENDING_MEMO]), when)
-            if REFUSED_MEMO in memo:
-                refused.append((await _decode(conv, memo[REFUSED_MEMO]), when))
-        elif t == _ET.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED:
-            child = ev.start_child_workflow_execution_initiated_event_attributes.workflow_id
-            owned.children.setdefault(child, when)
-        elif t == _ET.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
-            req = ev.workflow_execution_update_accepted_event_attributes.accepted_request
-            if req.input.name == MCP_PROXY_OWNER_REPORT_UPDATE and req.input.args.payloads:
-                owned.report = owned.report or await _decode(conv, req.input.args.payloads[0])
-                owned.ended_at = owned.ended_at or when
-        elif t == _ET.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_COMPLETED:
-            a = ev.child_workflow_execution_completed_event_attributes
-            if a.result.payloads:
-                children[a.workflow_execution.workflow_id] = await _decode(
-                    conv, a.result.payloads[0]
-                )
+    for when, memo in run.memos:
+        if PENDING_MEMO in memo:
+            _pending_changed(requests, await _decode(conv, memo[PENDING_MEMO]), when)
+        if REFUSED_MEMO in memo:
+            refused.append((await _decode(conv, memo[REFUSED_MEMO]), when))
+    children = {
+        cid: await _decode(conv, payload)
+        for cid, payload in run.children_completed.items()
+        if payload is not None
+    }
+    acts = [_Activity.of(c) for c in run.calls]
 
     wid = history.workflow_id
     out: list[RunCall] = []
     if isinstance(owned.input, dict):
         out.append(await owned.call(conv, wid, run_id, workflow_type, namespace))
     by_step: dict[str, RunCall] = {}
-    for act in acts.values():
+    for act in acts:
         i = act.intent
         call = by_step.get(i.step)
         if call is None or call.key != i.key:
@@ -501,36 +478,12 @@ def _latest_by_name(decisions: Iterable[tuple[datetime, dict[str, Any]]]) -> lis
     return list(out.values())
 
 
-async def _intent(
-    conv: DataConverter, payloads: list[Payload], workflow_type: str, task_queue: str
-) -> Intent | None:
-    if len(payloads) != 1:
-        return None
-    try:
-        [value] = await conv.decode(payloads)
-        return intent_from_input(value, workflow_type=workflow_type, task_queue=task_queue)
-    except Exception:
-        return None
-
-
 async def _decode(conv: DataConverter, payload: Payload) -> Any:
     try:
         [value] = await conv.decode([payload])
     except Exception:
         return None
     return value
-
-
-async def _failure(
-    conv: DataConverter, failure: Any
-) -> tuple[str | None, str | None, tuple[Any, ...]]:
-    try:
-        err = await conv.decode_failure(failure)
-    except Exception:
-        return None, failure.message or None, ()
-    if isinstance(err, ApplicationError):
-        return err.type or "ApplicationError", err.message, tuple(err.details)
-    return type(err).__name__, str(err), ()
 
 
 def _time(value: Any) -> datetime | None:

@@ -142,7 +142,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not re-import modules inside the workflow sandbox per workflow run (less CPU "
         "and memory per cached workflow; your workflow modules must then keep no state that "
-        "changes between runs: see the README, Many pending calls)",
+        "changes between runs: see docs/worker.md, Many pending calls)",
     )
     _cli_telemetry.add_args(w)
     _connection_args(w)
@@ -198,7 +198,8 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="MODULE",
-        help="modules with the tools (their read_only= is how read-only steps are known)",
+        help="modules with the tools: for histories from before calls said whether they "
+        "were reads, their read_only= tells",
     )
     df.add_argument("--json", action="store_true")
     _connection_args(df)

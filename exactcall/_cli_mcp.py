@@ -21,6 +21,7 @@ __all__ = ["add_parsers", "parse_duration", "parse_tool_window", "run"]
 EXTRA_HINT = "pip install 'exactcall[mcp]'"
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1, None: 1, "m": 60, "min": 60, "h": 3600}
+_SIZE = re.compile(r"^\s*(\d+)\s*(k|kb|kib|m|mb|mib)?\s*$", re.IGNORECASE)
 
 
 def parse_duration(text: str) -> timedelta:
@@ -31,6 +32,17 @@ def parse_duration(text: str) -> timedelta:
             f"{text!r} is not a duration: use seconds (90, 90s), minutes (10m), hours (1h) or ms"
         )
     return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def parse_size(text: str) -> int:
+    """``524288``, ``512KiB``, ``2MiB`` (K and M are 1024s) -> bytes (argparse type)."""
+    m = _SIZE.match(text)
+    if not m or int(m.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size: give bytes (524288) or KiB/MiB (512KiB, 1MiB), over 0"
+        )
+    unit = (m.group(2) or "").lower()[:1]
+    return int(m.group(1)) * {"": 1, "k": 1024, "m": 1024 * 1024}[unit]
 
 
 def parse_tool_window(text: str) -> tuple[str, timedelta]:
@@ -111,6 +123,14 @@ def proxy_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--trusted", action="store_true", help="trust the server's readOnlyHint annotations"
+    )
+    p.add_argument(
+        "--max-args-bytes",
+        type=parse_size,
+        default=None,
+        metavar="SIZE",
+        help="refuse a write whose canonical arguments are larger (default 256KiB; e.g. 1MiB; "
+        "give every proxy of one --name the same)",
     )
     p.add_argument("--audit", type=Path, help="JSONL audit file (default: in the state folder)")
 

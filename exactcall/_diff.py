@@ -20,8 +20,9 @@ from temporalio.client import Client, WorkflowHistory
 from temporalio.converter import DataConverter
 
 from ._errors import UnknownTool
+from ._history import HistoryCall
 from ._model import Intent
-from ._replay import ABSENT, arg_differences, change_text, load_history, recorded_intents
+from ._replay import ABSENT, arg_differences, change_text, load_history, recorded_calls
 from ._tool import get_tool
 
 __all__ = ["CallDiff", "StepDiff", "calls_of", "diff_calls"]
@@ -84,9 +85,14 @@ class CallDiff:
         return "\n".join([f"{len(self.steps)} steps: {head}", *(s.line() for s in self.steps)])
 
 
-def diff_calls(a: Sequence[Intent], b: Sequence[Intent]) -> CallDiff:
+Call = Intent | HistoryCall
+"""A run's call: its intent, or as its history read it (which says whether it was a read)."""
+
+
+def diff_calls(a: Sequence[Call], b: Sequence[Call]) -> CallDiff:
     """Match the calls of two runs by step, in call order (A's, then B's own steps)."""
     first_a, first_b = _by_step(a), _by_step(b)
+    read_a, read_b = _read_steps(a), _read_steps(b)
     order = list(first_a) + [s for s in first_b if s not in first_a]
     out = []
     for step in order:
@@ -95,8 +101,9 @@ def diff_calls(a: Sequence[Intent], b: Sequence[Intent]) -> CallDiff:
             one = ia or ib
             assert one is not None
             status = "only_a" if ib is None else "only_b"
+            reads = read_a if ib is None else read_b
             out.append(
-                StepDiff(step, status, ia and ia.tool, ib and ib.tool, read_only=_reads(one))
+                StepDiff(step, status, ia and ia.tool, ib and ib.tool, read_only=reads[step])
             )
             continue
         changes: list[tuple[str, Any, Any]] = []
@@ -106,16 +113,31 @@ def diff_calls(a: Sequence[Intent], b: Sequence[Intent]) -> CallDiff:
             changes.append(("version", ia.tool_version, ib.tool_version))
         changes += arg_differences(ia.args, ib.args)
         status = "changed" if changes else "same"
-        read_only = _reads(ia) and _reads(ib)
+        read_only = read_a[step] and read_b[step]
         out.append(StepDiff(step, status, ia.tool, ib.tool, read_only, changes))
     return CallDiff(out)
 
 
-def _by_step(intents: Sequence[Intent]) -> dict[str, Intent]:
+def _intent(c: Call) -> Intent:
+    return c.intent if isinstance(c, HistoryCall) else c
+
+
+def _by_step(calls: Sequence[Call]) -> dict[str, Intent]:
     """The first intent of each step (a settling attempt after a cancel repeats it)."""
     out: dict[str, Intent] = {}
-    for i in intents:
-        out.setdefault(i.step, i)
+    for c in calls:
+        out.setdefault(_intent(c).step, _intent(c))
+    return out
+
+
+def _read_steps(calls: Sequence[Call]) -> dict[str, bool]:
+    """Whether each step's first call was a read: as its history says, or (histories from
+    before it said so, and plain intents) as the tool, if importable here, declares."""
+    out: dict[str, bool] = {}
+    for c in calls:
+        if _intent(c).step not in out:
+            said = c.read if isinstance(c, HistoryCall) else None
+            out[_intent(c).step] = _reads(_intent(c)) if said is None else said
     return out
 
 
@@ -126,13 +148,13 @@ def _reads(i: Intent) -> bool:
         return False
 
 
-async def calls_of(source: Any, conv: DataConverter, client: Client | None = None) -> list[Intent]:
-    """The intents of one run: a list of intents, a ``WorkflowHistory``, a history JSON file,
+async def calls_of(source: Any, conv: DataConverter, client: Client | None = None) -> list[Call]:
+    """The calls of one run: a list of intents, a ``WorkflowHistory``, a history JSON file,
     or (with ``client``) a workflow id or ``ID:RUN_ID``."""
     if isinstance(source, list):
         return list(source)
     if isinstance(source, WorkflowHistory):
-        return await recorded_intents(source, conv)
+        return await recorded_calls(source, conv)
     text = str(source)
     path = Path(text)
     if path.suffix == ".json" or path.exists():
@@ -145,12 +167,12 @@ async def calls_of(source: Any, conv: DataConverter, client: Client | None = Non
                 f"{text} is not a workflow history (temporal workflow show --output json, or "
                 f"exactcall history export): {type(exc).__name__}: {exc}"
             ) from None
-        return await recorded_intents(history, conv)
+        return await recorded_calls(history, conv)
     if client is None:
         raise ValueError(f"{text}: a workflow id needs a server (--address)")
     wid, _, run_id = text.partition(":")
     handle = client.get_workflow_handle(wid, run_id=run_id or None)
-    return await recorded_intents(await handle.fetch_history(), conv)
+    return await recorded_calls(await handle.fetch_history(), conv)
 
 
 def _side(name: str, value: Any) -> dict[str, Any]:

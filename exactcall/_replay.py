@@ -15,10 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pydantic
 import structlog
 from temporalio import workflow
-from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory
 from temporalio.converter import DataConverter
 from temporalio.worker import (
@@ -30,9 +28,9 @@ from temporalio.worker import (
     WorkflowOutboundInterceptor,
 )
 
-from ._model import Intent, WireIntent, intent_from_input
+from ._history import HistoryCall, read_history
+from ._model import Intent, WireIntent
 from ._tool import registered_tools
-from ._wire import AWAIT_SETTLED, MCP_PROXY_AWAIT_SETTLED
 
 __all__ = ["ReplayReport", "load_history", "recorded_intents", "replay_histories"]
 
@@ -71,82 +69,23 @@ async def recorded_intents(
     that looks like an exactcall call (its type is an exactcall tool or activity, or its input
     is JSON with an intent's fields) but does not decode as an Intent is a problem: appended to
     ``problems`` when given, else logged as ``replay.intent_undecodable``; never hidden."""
-    out: list[Intent] = []
-    tools = {t.name for t in registered_tools()}
-    workflow_type = ""
-    for ev in history.events:
-        if ev.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
-            workflow_type = ev.workflow_execution_started_event_attributes.workflow_type.name
-        if ev.event_type != EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            continue
-        attrs = ev.activity_task_scheduled_event_attributes
-        payloads = attrs.input.payloads
-        looks = _looks_like_a_call(attrs.activity_type.name, payloads, tools)
-        try:
-            if len(payloads) != 1:
-                raise ValueError(f"{len(payloads)} input payloads, an exactcall call has 1")
-            # decoded without a type hint, then validated: a converter with a lenient fallback
-            # (the OpenAI Agents SDK's) would "decode" any activity input as an Intent
-            [value] = await conv.decode(payloads)
-            intent = intent_from_input(
-                value, workflow_type=workflow_type, task_queue=attrs.task_queue.name
+    return [c.intent for c in await recorded_calls(history, conv, problems=problems)]
+
+
+async def recorded_calls(
+    history: WorkflowHistory, conv: DataConverter, *, problems: list[str] | None = None
+) -> list[HistoryCall]:
+    """The calls scheduled in a history, in order, as ``recorded_intents`` reads them."""
+    tools = [t.name for t in registered_tools()]
+    run = await read_history(history.events, conv, tools=tools)
+    for problem in run.problems:
+        if problems is None:
+            log.warning(
+                "replay.intent_undecodable", workflow_id=history.workflow_id, problem=problem
             )
-        except Exception as exc:
-            if looks is None:
-                continue  # a plain Temporal activity
-            problem = (
-                f"activity {attrs.activity_type.name!r} (event {ev.event_id}, activity id "
-                f"{attrs.activity_id!r}) looks like an exactcall call ({looks}) but its input "
-                f"does not decode as an Intent: {_reason(exc)}; "
-                "its intent cannot be checked (a changed Intent model, data converter or codec?)"
-            )
-            if problems is None:
-                log.warning(
-                    "replay.intent_undecodable", workflow_id=history.workflow_id, problem=problem
-                )
-            else:
-                problems.append(problem)
-            continue
-        out.append(intent)
-    return out
-
-
-_WAITS = frozenset({AWAIT_SETTLED, MCP_PROXY_AWAIT_SETTLED})
-_INTENT_FIELDS = frozenset({"args_hash", "key", "tool", "step", "tool_version", "workflow_id"})
-
-
-def _looks_like_a_call(activity_type: str, payloads: Sequence[Any], tools: set[str]) -> str | None:
-    """Why an activity looks like an exactcall call, or None (a plain activity)."""
-    if activity_type in tools:
-        return f"{activity_type!r} is a registered exactcall tool"
-    if activity_type in _WAITS:  # exactcall's own, on a reconciliation id: not a call
-        return None
-    if activity_type.startswith("exactcall."):
-        return "an exactcall activity type"
-    for payload in payloads:
-        if payload.metadata.get("encoding") != b"json/plain":
-            continue
-        try:
-            value = json.loads(payload.data)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            fields = _INTENT_FIELDS & value.keys()
-            if "args_hash" in fields or len(fields) >= 3:
-                return f"its input has an intent's fields {sorted(fields)}"
-    return None
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, pydantic.ValidationError):
-        errs = exc.errors(include_url=False)
-        text = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in errs[:3]
-        )
-        more = f" (+{len(errs) - 3} more)" if len(errs) > 3 else ""
-        return f"{type(exc).__name__}: {text}{more}"
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text[:300]}"
+        else:
+            problems.append(problem)
+    return run.calls
 
 
 class _Capture(Interceptor):

@@ -15,12 +15,16 @@ __all__ = [
     "AWAIT_SETTLED",
     "BUDGETS_PATCH",
     "BUDGET_ACTIVITY",
+    "BUDGET_BATCH_SIGNAL",
+    "BUDGET_BATCH_UPDATE",
     "BUDGET_MEMO",
     "BUDGET_OVER",
     "BUDGET_REFUSALS_RECORDED",
     "BUDGET_RESERVE_UPDATE",
     "BUDGET_SETTLE_SIGNAL",
+    "BUDGET_SPENDS_CARRIED",
     "BUDGET_STATE_QUERY",
+    "BUDGET_TASK_QUEUE",
     "BUDGET_WORKFLOW",
     "CANCELLED_MEMO",
     "CANCELLED_SIGNAL",
@@ -58,6 +62,7 @@ __all__ = [
     "PENDING_MEMO",
     "PROBE_PREFIX",
     "PYDANTIC_AI_ARGS_HASH",
+    "READ_HEADER",
     "READ_PATH_BY_DECLARATION",
     "RECONCILE_DECIDES_AT_START",
     "RECONCILE_STATE_QUERY",
@@ -215,6 +220,9 @@ PENDING_ATTRIBUTE = "ExactcallPending"
 UNRESOLVED_ATTRIBUTE = "ExactcallUnresolved"
 CARRY_HEADER = "exactcall-ordinals"
 """Tool ordinals carried over continue-as-new."""
+READ_HEADER = "exactcall-read"
+"""On a call's scheduled activity: ``true`` for a read, ``false`` for a write (so a reader of
+the history knows it changed nothing, without the tool). Headers are not part of replay."""
 
 # -- patch ids (workflow.patched): each one guards a change to what workflows do ----------------
 CANCEL_PATCH = "exactcall.cancellation-reaches-calls"
@@ -272,6 +280,18 @@ BUDGET_SETTLE_SIGNAL = "exactcall.budget.settle"
 BUDGET_STATE_QUERY = "exactcall.budget.state"
 BUDGET_ACTIVITY = "exactcall.budget"
 """The local activity through which a workflow reserves, spends and releases."""
+BUDGET_BATCH_UPDATE = "exactcall.budget.batch"
+"""Every operation a worker process has for one ledger at a time, as one Update (reservations
+and settles, answered in order): one Update in flight per process and ledger, however many
+calls wait (Temporal refuses more than 10 in flight per workflow)."""
+BUDGET_BATCH_SIGNAL = "exactcall.budget.settle-batch"
+"""Settles only (nothing to answer): one signal for all a process has for one ledger."""
+BUDGET_TASK_QUEUE = "exactcall-budgets"
+"""Where a ledger started by this version runs: every worker that runs budgeted calls' workflows
+polls it (a small worker of its own), so a ledger outlives any caller's task queue."""
+BUDGET_SPENDS_CARRIED = "exactcall.budget-spends-carried"
+"""Patch: a done call's spend is carried by the run's next reservation, or sent when the run's
+code ends, instead of at once (one ledger Update per call instead of an Update and a signal)."""
 BUDGETS_PATCH = "exactcall.budgets"
 """Marks runs whose budgeted calls reserve (a tool that gains budgets= keeps old runs replaying)."""
 

@@ -12,8 +12,10 @@ from typing import Any
 
 import pytest
 from temporalio.client import Client
+from temporalio.converter import DataConverter
 from temporalio.worker import Worker
 
+from exactcall._replay import load_history, recorded_calls
 from exactcall._server import DevServer
 from exactcall.demo.bank import Bank
 from exactcall.testing import assert_same_calls
@@ -32,9 +34,10 @@ async def cli(*args: str) -> tuple[int, str, str]:
     return proc.returncode, out.decode(), err.decode()
 
 
-def edited(tmp_path: Path, changes: dict[str, dict[str, Any]], name: str) -> Path:
-    """plain_call.json with the arguments of some steps changed (activity id -> new args)."""
-    raw = json.loads((HISTORIES / "plain_call.json").read_text())
+def edited(tmp_path: Path, changes: dict[str, dict[str, Any]], name: str, raw: Any = None) -> Path:
+    """plain_call.json (or the history ``raw``) with the arguments of some steps changed
+    (activity id -> new args)."""
+    raw = raw or json.loads((HISTORIES / "plain_call.json").read_text())
     for ev in raw["events"]:
         attrs = ev.get("activityTaskScheduledEventAttributes")
         if not attrs or attrs["activityId"] not in changes:
@@ -100,3 +103,33 @@ async def test_two_live_runs_by_workflow_id(
     assert rc == 1, out
     assert f'changed  pay#1                    pay: to: "{who}" -> "{who}-2"' in out
     await assert_same_calls(one.id, one.id, client=client)
+
+
+async def test_a_history_says_which_calls_were_reads_so_diff_needs_no_tools(
+    client: Client, worker: Worker, tq: str, bank: Bank, who: str, tmp_path: Path
+) -> None:
+    # issue 34 §3: a read's scheduled activity carries the exactcall-read header
+    h = await start_agent(
+        client, tq, plan(step("pay", bank.url, 10, who), step("balance", bank.url, who))
+    )
+    await h.result()
+    history = await client.get_workflow_handle(h.id).fetch_history()
+    calls = await recorded_calls(history, DataConverter.default)
+    assert [(c.intent.step, c.read) for c in calls] == [("pay#1", False), ("balance#1", True)]
+    a = tmp_path / "a.json"
+    a.write_text(json.dumps(history.to_json_dict()))
+    b = edited(tmp_path, {"balance#1": {"to": "bob"}}, "b", raw=history.to_json_dict())
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "exactcall", "diff", str(a), str(b),  # no --tools
+        cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, out.decode() + err.decode()
+    assert "changed  balance#1                balance (read-only)" in out.decode()
+    # a history from before the header: without --tools, a read cannot be told (a side effect)
+    assert all(
+        c.read is None
+        for c in await recorded_calls(
+            load_history(HISTORIES / "plain_call.json"), DataConverter.default
+        )
+    )

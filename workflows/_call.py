@@ -50,7 +50,7 @@ from exactcall._wire import (
 from ._approval_wait import wait_for_approval
 from ._budget import reserve_for, reserve_overruns, settle_for
 from ._saga_stage import note_done, note_in_doubt
-from ._state import Flight, cancellation_reaches_calls, state
+from ._state import SCHEDULING_A_READ, Flight, cancellation_reaches_calls, state
 from ._unknown import (
     OnUnknown,
     await_verdict,
@@ -391,6 +391,7 @@ async def execute_tool_activity(
             intent,
             activity_id,
             cancellation,
+            read=True,
             task_queue=opts.task_queue,
             start_to_close_timeout=opts.start_to_close_timeout,
             heartbeat_timeout=opts.heartbeat_timeout,
@@ -411,6 +412,7 @@ async def execute_call_activity(
         intent,
         activity_id,
         cancellation,
+        read=False,
         task_queue=spec.task_queue,
         start_to_close_timeout=spec.start_to_close_timeout,
         heartbeat_timeout=spec.heartbeat_timeout,
@@ -423,12 +425,15 @@ async def _schedule(
     intent: Intent,
     activity_id: str,
     cancellation: ActivityCancellationType,
+    *,
+    read: bool,
     **options: Any,
 ) -> Any:
     # the intent without what the attempt knows from where it runs (WireIntent)
     task_queue = options.get("task_queue") or workflow.info().task_queue
+    SCHEDULING_A_READ.set(read)  # its header says which it is (for readers of the history)
     try:
-        return await workflow.execute_activity(
+        handle = workflow.start_activity(
             name,
             intent.wire(task_queue),
             activity_id=activity_id,
@@ -436,6 +441,10 @@ async def _schedule(
             cancellation_type=cancellation,
             **options,
         )
+    finally:
+        SCHEDULING_A_READ.set(None)
+    try:
+        return await handle
     except ActivityError as err:
         raise _outcome_error(name, intent, err) from err
 

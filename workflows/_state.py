@@ -23,6 +23,7 @@ from temporalio.worker import (
     ExecuteWorkflowInput,
     HandleSignalInput,
     HandleUpdateInput,
+    StartActivityInput,
     WorkflowInboundInterceptor,
     WorkflowOutboundInterceptor,
 )
@@ -32,6 +33,7 @@ from exactcall._model import Intent
 from exactcall._tool import TOOL_SCOPE, Tool
 from exactcall._wire import CANCEL_PATCH as CANCEL_PATCH
 from exactcall._wire import CARRY_HEADER as CARRY_HEADER
+from exactcall._wire import READ_HEADER
 from exactcall._wire import SEARCH_ATTRIBUTES_OFF_PATCH as SEARCH_ATTRIBUTES_OFF_PATCH
 from exactcall._wire import SEARCH_ATTRIBUTES_ON_PATCH as SEARCH_ATTRIBUTES_ON_PATCH
 from exactcall.approvals._binding import (
@@ -48,6 +50,7 @@ from exactcall.approvals._binding import (
 __all__ = [
     "CANCEL_PATCH",
     "CARRY_HEADER",
+    "SCHEDULING_A_READ",
     "SEARCH_ATTRIBUTES_OFF_PATCH",
     "SEARCH_ATTRIBUTES_ON_PATCH",
     "Flight",
@@ -159,6 +162,9 @@ class WorkflowState:
         self.published = True
 
 
+SCHEDULING_A_READ: ContextVar[bool | None] = ContextVar("exactcall_scheduling_a_read", default=None)
+"""Set around the scheduling of a call's activity: True for a read, False for a write (its
+header then says which); None for any other activity."""
 _CURRENT: ContextVar[_Inbound | None] = ContextVar("exactcall_workflow", default=None)
 """The exactcall interceptor of the workflow run whose code is running. Set by the interceptor
 in the workflow's main task and in each handler's task (tasks those start inherit it), so the
@@ -293,6 +299,13 @@ class _Outbound(WorkflowOutboundInterceptor):
     def __init__(self, next: WorkflowOutboundInterceptor, inbound: _Inbound) -> None:
         super().__init__(next)
         self._inbound = inbound
+
+    def start_activity(self, input: StartActivityInput) -> workflow.ActivityHandle[Any]:
+        read = SCHEDULING_A_READ.get()
+        if read is not None:  # a call: the history says whether it was a read
+            said: Payload = workflow.payload_converter().to_payload(read)
+            input.headers = {**input.headers, READ_HEADER: said}
+        return super().start_activity(input)
 
     def continue_as_new(self, input: ContinueAsNewInput) -> Any:
         st = self._inbound.state

@@ -38,7 +38,7 @@ from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
 import exactcall
-from exactcall._errors import IntentConflict
+from exactcall._errors import ArgumentsTooLarge, IntentConflict
 from exactcall._verdicts import reconcile_id
 from exactcall.reconciliation import state as reconciliation_state
 
@@ -211,6 +211,14 @@ class Caller:
     async def run(self, client: Client, call: Call) -> Reply:
         try:
             ident = identity(self.server, call)
+        except ArgumentsTooLarge as err:
+            text = (
+                f"{self.server}.{call.tool}: its canonical arguments are {err.fields['size']} "
+                f"bytes, over this proxy's limit of {err.fields['limit']} bytes; nothing was "
+                "sent. Pass a reference (a path, an id, a URL) instead, or start the proxy "
+                "with a larger --max-args-bytes (e.g. --max-args-bytes 1MiB)."
+            )
+            return Reply(tool_error(text, "denied"), "denied")
         except exactcall.InvalidCall as err:
             return Reply(tool_error(f"{err.message} Nothing was sent.", "denied"), "denied")
         mode = "key" if ident.keyed else ("window" if call.window else "retry")

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import re
@@ -186,6 +187,10 @@ class Proxy:
         self.name = name
         self.policy = policy
         self.audit = audit
+        if getattr(ns, "max_args_bytes", None):  # one proxy per process: its tool's limit
+            proxy_tool.options = dataclasses.replace(
+                proxy_tool.options, max_args_bytes=ns.max_args_bytes
+            )
         self.temporal = Temporal(connection, name)
         self.caller = Caller(
             name,

@@ -183,6 +183,14 @@ class WorkerProcess:
             self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
 
+    def freeze(self) -> None:
+        """SIGSTOP its process group: alive, but it runs nothing (a GC pause, a frozen VM)."""
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT its process group: it runs again, its clocks moved on."""
+        os.killpg(self.proc.pid, signal.SIGCONT)
+
     def stop(self) -> None:
         self.kill()
         if self.proc.stderr:

@@ -17,6 +17,10 @@ Fixtures (all prefixed ``exactcall_`` except the two helpers a test calls by nam
   ``EXACTCALL_EFFECTS_FILE``): tools call ``exactcall.testing.record_effect("pay")``, tests
   assert ``effects.count("pay") == 1``.
 
+``FaultProxy(server.address)`` stands between a worker process (started with the proxy's
+``address``) and the frontend: ``proxy.mode = "blackhole"`` cuts it off (``"pass"`` heals;
+``"delay"``, ``"drop"``); ``worker.freeze()``/``thaw()`` SIGSTOP/SIGCONT a worker process.
+
 ``assert_replays(histories_dir, workflows=[...])`` replays stored histories and checks every
 call's intent (see ``exactcall replay``). ``assert_same_calls(a, b)`` compares two runs' calls
 (see ``exactcall diff``). ``recorded_tools(history)`` is a worker plugin that answers every
@@ -38,6 +42,7 @@ from typing import Any
 
 import pytest
 
+from ._faults import FaultProxy
 from ._procs import EFFECTS_ENV, EffectCounter, WorkerProcess, record_effect
 from ._recorded import NotRecorded, RecordedTools, recorded_tools
 from ._server import DevServer
@@ -45,6 +50,7 @@ from ._server import DevServer
 __all__ = [
     "EFFECTS_ENV",
     "EffectCounter",
+    "FaultProxy",
     "NotRecorded",
     "RecordedTools",
     "WorkerProcess",

@@ -65,6 +65,7 @@ __all__ = [
     "READ_HEADER",
     "READ_PATH_BY_DECLARATION",
     "RECONCILE_DECIDES_AT_START",
+    "RECONCILE_OUTWAITS_THE_CLAIM",
     "RECONCILE_STATE_QUERY",
     "RECONCILE_WORKFLOW",
     "RECORD_STATE_QUERY",
@@ -262,6 +263,11 @@ hinted read-only. Recorded once per run, and only in runs that call such a tool.
 MARKS_BY_ACTIVITY = "exactcall.marks-by-activity"
 """Patch: verdicts are written to the record by a local activity, which opens a record that
 has closed (records close by themselves); before, by an external signal."""
+RECONCILE_OUTWAITS_THE_CLAIM = "exactcall.reconcile-outwaits-the-claim"
+"""Patch, taken in a reconciliation's first workflow task: a probe's "not landed" re-runs the
+call only once the attempt that may still be making it has lost its claim to run for sure
+(a heartbeat timeout and a second after the reconciliation started), and the probe is asked
+again then. Runs from before re-ran at the first "not landed"."""
 RECONCILE_DECIDES_AT_START = "exactcall.reconcile-decides-at-start"
 """Patch, taken before the first await of a reconciliation's run (its first workflow task):
 such runs pin their search-attribute choice there, tell the call without asking

@@ -122,6 +122,12 @@ async def main() -> None:
                 await _save_reconciliation(client, bank, "reconciliation_marked")
             if wanted("reconciliation_at_start", "reconciliation_at_start_agent"):
                 await _save_reconciliation(client, bank, "reconciliation_at_start")
+            # the probe says not landed, the call is re-run: reconciliation_rerun at once (the
+            # old shape, keep it), reconciliation_outwaits once the earlier attempt's claim has
+            # run out and the probe said it again (exactcall.reconcile-outwaits-the-claim)
+            for name in ("reconciliation_rerun", "reconciliation_outwaits"):
+                if wanted(name, f"{name}_agent"):
+                    await _save_reconciliation(client, bank, name, tool="book_lost_once")
             for name in ("refused_before_recorded", "refused_recorded"):
                 if wanted(name):
                     await _save_budget_refused(client, bank, name)
@@ -140,12 +146,15 @@ async def main() -> None:
     os._exit(0)
 
 
-async def _save_reconciliation(client: Client, bank: Bank, name: str) -> None:
+async def _save_reconciliation(
+    client: Client, bank: Bank, name: str, tool: str = "book_then_explode"
+) -> None:
     """A call whose answer is lost, the probe finds the payment; the verdict is written to the
-    call's record (by the ``exactcall.mark_record`` local activity)."""
+    call's record (by the ``exactcall.mark_record`` local activity). With ``book_lost_once``
+    the probe finds nothing and the reconciliation re-runs the call, which books it."""
     h = await client.start_workflow(
         Agent.run,
-        plan(step("book_then_explode", bank.url, 10, "dave")),
+        plan(step(tool, bank.url, 10, "dave")),
         id=f"hist-{name}",
         task_queue="histories",
     )

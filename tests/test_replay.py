@@ -61,6 +61,13 @@ async def test_there_is_a_history_for_each_shape() -> None:
         # (exactcall.reconcile-decides-at-start); the two above ask them where each is used
         "reconciliation_at_start_agent",
         "reconciliation_at_start",
+        # a probe's "not landed" re-runs the call at once (the old shape), or once the earlier
+        # attempt's claim has run out and the probe said it again
+        # (exactcall.reconcile-outwaits-the-claim)
+        "reconciliation_rerun",
+        "reconciliation_rerun_agent",
+        "reconciliation_outwaits",
+        "reconciliation_outwaits_agent",
     } <= names
 
 

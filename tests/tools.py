@@ -254,3 +254,14 @@ async def refuse_late_then_pay(bank: str, amount: int, to: str, seconds: float) 
         await asyncio.sleep(seconds)
         raise exactcall.NotExecuted("the bank was closed for the night")
     return post(bank, "/payments", {"amount": amount, "to": to})
+
+
+@exactcall.tool(reconcile=find_payment, heartbeat_timeout=FAST)
+def book_lost_once(bank: str, amount: int, to: str) -> dict[str, Any]:
+    """Loses the connection before sending, except when its reconciliation re-runs it: the
+    probe finds nothing, the re-run books it (a reconciliation that re-runs a call)."""
+    from exactcall._verdicts import reconcile_id
+
+    if activity.info().workflow_id != reconcile_id(exactcall.idempotency_key()):
+        raise ConnectionResetError("connection reset before the request was sent")
+    return _keyed_post(bank, amount, to)

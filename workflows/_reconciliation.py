@@ -10,7 +10,7 @@ when that workflow cancelled the call, ``not_landed`` releases the key instead o
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
@@ -40,7 +40,11 @@ from exactcall._verdicts import (
     UnresolvedCall,
     Verdict,
 )
-from exactcall._wire import BUDGETS_PATCH, RECONCILE_DECIDES_AT_START
+from exactcall._wire import (
+    BUDGETS_PATCH,
+    RECONCILE_DECIDES_AT_START,
+    RECONCILE_OUTWAITS_THE_CLAIM,
+)
 from exactcall._wire import MARKS_BY_ACTIVITY as MARKS_BY_ACTIVITY
 from exactcall._wire import PROBE_PREFIX as PROBE_PREFIX
 from exactcall._wire import TELLS_THE_CALL as TELLS_THE_CALL
@@ -56,6 +60,9 @@ __all__ = ["PROBE_PREFIX", "Reconcile", "probe_activity_name"]
 
 UNRESOLVED_KEY = SearchAttributeKey.for_bool(UNRESOLVED_ATTRIBUTE)
 MAX_PROBE_RERUNS = 1
+CLAIM_SLACK = timedelta(seconds=1)
+"""Past a heartbeat timeout after the reconciliation started: room for the old attempt's
+worker to carry out the loss of its claim (cancel the tool, or stop itself), and for clocks."""
 
 
 @workflow.defn(name=RECONCILE_WORKFLOW)
@@ -71,11 +78,13 @@ class Reconcile:
         self._call_cancelled = False
         self._input: ReconcileInput | None = None
         self._decided_at_start = False
+        self._outwaits_the_claim = False
 
     @workflow.run
     async def run(self, inp: ReconcileInput) -> Settled:
         # before any await: the first workflow task, where replay always finds the marker
         self._decided_at_start = workflow.patched(RECONCILE_DECIDES_AT_START)
+        self._outwaits_the_claim = workflow.patched(RECONCILE_OUTWAITS_THE_CLAIM)
         if self._decided_at_start:
             pinned_search_attributes()
         call = self._call_spec(inp)
@@ -134,7 +143,10 @@ class Reconcile:
     async def _verdict(self, inp: ReconcileInput, may_probe: bool) -> tuple[str, str, Any]:
         """(landed | not_landed | abandon, who decided, result-or-reason)."""
         if inp.has_probe:
+            asked_at = workflow.now()
             v = await self._probe(inp)
+            if v is not None and v.kind == "not_landed" and may_probe:
+                v = await self._ask_again_once_the_claim_is_gone(inp, asked_at, v)
             if v is not None and (v.kind == "landed" or (v.kind == "not_landed" and may_probe)):
                 self._note(f"probe: {v.kind}")
                 return v.kind, "probe", v.result
@@ -147,6 +159,30 @@ class Reconcile:
         elif not self._history:
             self._reason = f"{self._reason} (no probe declared)"
         return await self._park(inp)
+
+    async def _ask_again_once_the_claim_is_gone(
+        self, inp: ReconcileInput, asked_at: datetime, v: Verdict
+    ) -> Verdict | None:
+        """A "not landed" is true only of the moment the probe looked: an attempt that lost
+        its claim but still runs (a frozen or cut-off worker) may make the effect later. Such
+        an attempt gives its claim up no later than the server hands the call on, which was
+        before this reconciliation started; it then cancels its tool or stops its process
+        within a fraction of a heartbeat timeout. So: wait until a heartbeat timeout (and
+        CLAIM_SLACK) after the start, and ask the probe again; re-run only if it still says
+        not landed."""
+        if not self._outwaits_the_claim:
+            return v
+        gone_at = workflow.info().start_time + self._call_spec(inp).heartbeat_timeout + CLAIM_SLACK
+        if asked_at >= gone_at:
+            return v
+        wait = gone_at - workflow.now()
+        self._note(
+            f"probe: not_landed; asking again once the attempt that may still be making the "
+            f"call has lost its claim to run ({max(wait.total_seconds(), 0):.1f}s)"
+        )
+        if wait > timedelta(0):
+            await workflow.sleep(wait, summary="outwait the earlier attempt's claim")
+        return await self._probe(inp)
 
     @staticmethod
     def _call_spec(inp: ReconcileInput) -> CallSpec:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import getpass
+import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -14,6 +15,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
 from ._confirm import confirm_by_query
+from ._model import RecordState
 from ._verdicts import (
     RESOLVE_SIGNAL,
     STATE_QUERY,
@@ -22,6 +24,7 @@ from ._verdicts import (
     CallAbandoned,
     Landed,
     NotLanded,
+    ReconcileInput,
     ReconcileState,
     Resolution,
     Settled,
@@ -45,6 +48,7 @@ __all__ = [
     "list_failed_undos",
     "list_unresolved",
     "reconcile_id",
+    "recorded_outcome",
     "resolve",
     "state",
 ]
@@ -80,6 +84,24 @@ async def find(client: Client, workflow_id: str, step: str) -> UnresolvedCall:
     raise LookupError(f"no unresolved call {step!r} in workflow {workflow_id!r}")
 
 
+async def recorded_outcome(client: Client, row: UnresolvedCall) -> RecordState | None:
+    """The call's recorded result, when an attempt recorded one after the call was parked
+    (a late attempt of a frozen or cut-off worker); None otherwise."""
+    from .activities._records import Record
+
+    handle = client.get_workflow_handle(row.reconcile_id)
+    async for ev in handle.fetch_history_events():
+        attrs = ev.workflow_execution_started_event_attributes
+        [inp] = await client.data_converter.decode(attrs.input.payloads, [ReconcileInput])
+        break
+    else:
+        return None
+    view = await Record(client, inp.intent).read()
+    if view is None or view.state.phase != "done":
+        return None
+    return view.state
+
+
 async def state(client: Client, reconcile_workflow_id: str) -> ReconcileState:
     handle = client.get_workflow_handle(reconcile_workflow_id)
     return await handle.query(STATE_QUERY, result_type=ReconcileState)
@@ -99,6 +121,16 @@ async def resolve(
     """A person's verdict on a parked call: ``landed`` (with the call's result),
     ``not_landed`` (run it once more with the same key) or ``abandon``."""
     row = await find(client, workflow_id, step)
+    if verdict == "not_landed" and (done := await recorded_outcome(client, row)) is not None:
+        # a late attempt made the call after all (a frozen or cut-off worker's): running it
+        # once more would make it twice
+        refused = Resolution(verdict=verdict, by=by or getpass.getuser(), reason=reason)
+        return ResolutionResult(
+            refused,
+            "refused: the call's record holds a result, recorded by an attempt that made "
+            "the call after its outcome was found unknown; it landed: resolve it --landed "
+            f"--result '{json.dumps(done.result)}'",
+        )
     res = Resolution(
         verdict=verdict,
         result=result,

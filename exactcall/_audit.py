@@ -281,7 +281,7 @@ def csv_line(r: dict[str, Any]) -> str:
         if f == "args":
             v = "" if v is None else canonical(v)
         elif f == "approved_by":
-            v = "; ".join(_who(p) for p in v)
+            v = "; ".join(_who(p) for p in v or ())
         elif f == "denied_by":
             v = _who(v) if v else ""
         out.append("" if v is None else v)

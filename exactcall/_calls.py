@@ -372,12 +372,12 @@ def settle(call: RunCall, settled: dict[str, Any]) -> None:
 
 def _pending_changed(requests: dict[str, _Request], value: Any, when: datetime) -> None:
     now = {r["step"]: r for r in value or () if isinstance(r, dict) and "step" in r}
-    for step, r in now.items():
+    for step, req in now.items():
         if step not in requests or requests[step].left is not None:
-            requests[step] = _Request(r, when)
-    for step, r in requests.items():
-        if step not in now and r.left is None:
-            r.left = when
+            requests[step] = _Request(req, when)
+    for step, seen in requests.items():
+        if step not in now and seen.left is None:
+            seen.left = when
 
 
 def _unrun(

@@ -63,7 +63,7 @@ class ModelsAsPydantic(PayloadConverter, WithSerializationContext):
             ):
                 out.append(self._pydantic.from_payload(payload, hint))
             else:
-                out.extend(self.inner.from_payloads([payload], [hint] if type_hints else None))
+                out.extend(self.inner.from_payloads([payload], [hint] if hint else None))
         return out
 
     def with_context(self, context: SerializationContext) -> ModelsAsPydantic:

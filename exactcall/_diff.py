@@ -98,13 +98,10 @@ def diff_calls(a: Sequence[Call], b: Sequence[Call]) -> CallDiff:
     for step in order:
         ia, ib = first_a.get(step), first_b.get(step)
         if ia is None or ib is None:
-            one = ia or ib
-            assert one is not None
             status = "only_a" if ib is None else "only_b"
             reads = read_a if ib is None else read_b
-            out.append(
-                StepDiff(step, status, ia and ia.tool, ib and ib.tool, read_only=reads[step])
-            )
+            tool_a, tool_b = ia.tool if ia else None, ib.tool if ib else None
+            out.append(StepDiff(step, status, tool_a, tool_b, read_only=reads[step]))
             continue
         changes: list[tuple[str, Any, Any]] = []
         if ia.tool != ib.tool:
@@ -148,7 +145,9 @@ def _reads(i: Intent) -> bool:
         return False
 
 
-async def calls_of(source: Any, conv: DataConverter, client: Client | None = None) -> list[Call]:
+async def calls_of(
+    source: Any, conv: DataConverter, client: Client | None = None
+) -> Sequence[Call]:
     """The calls of one run: a list of intents, a ``WorkflowHistory``, a history JSON file,
     or (with ``client``) a workflow id or ``ID:RUN_ID``."""
     if isinstance(source, list):

@@ -47,17 +47,17 @@ def plan_undo(
     ``calls``: the run's calls, unknown outcomes given their verdicts; ``undos``: the undos
     already made of this workflow id's calls, anywhere (the run's own undo steps among them)."""
     best: dict[str, RunCall] = {}
-    for u in undos:
-        if not is_undo_step(u.step):
+    for made in undos:
+        if not is_undo_step(made.step):
             continue
-        held = best.get(u.step)
-        if held is None or _UNDO_RANK.get(u.outcome, 0) > _UNDO_RANK.get(held.outcome, 0):
-            best[u.step] = u
+        held = best.get(made.step)
+        if held is None or _UNDO_RANK.get(made.outcome, 0) > _UNDO_RANK.get(held.outcome, 0):
+            best[made.step] = made
     plan = UndoPlan()
     for c in calls:
         if is_undo_step(c.step) or (steps and c.step not in steps):
             continue
-        u = best.get(undo_step(c.step))
+        u: RunCall | None = best.get(undo_step(c.step))
         if c.outcome == "undone" or (u is not None and u.outcome == "done"):
             where = (
                 " in the run" if u is None or u.run_id == c.run_id else ", made by exactcall undo"

@@ -36,7 +36,7 @@ import inspect
 import json
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import pydantic
 from pydantic_core import to_jsonable_python
@@ -46,7 +46,7 @@ from exactcall._wire import LANGGRAPH_APPROVAL_INTERRUPT as APPROVAL_INTERRUPT
 from exactcall._wire import LANGGRAPH_CALL_ID_FIELD as _CALL_ID_FIELD
 
 try:
-    from langchain_core.messages import AIMessage, AnyMessage, ToolMessage, convert_to_messages
+    from langchain_core.messages import AIMessage, ToolMessage, convert_to_messages
     from langchain_core.runnables import RunnableConfig
     from langchain_core.tools import BaseTool, InjectedToolCallId, ToolException
     from langgraph.prebuilt import ToolNode
@@ -352,10 +352,10 @@ def _tool_calls(state: Any, messages_key: str) -> list[dict[str, Any]]:
     else:
         messages = getattr(state, messages_key, None) or []
     last = _last_ai(convert_to_messages(messages) if messages else [])
-    return list(last.tool_calls) if last is not None else []
+    return cast(list[dict[str, Any]], list(last.tool_calls)) if last is not None else []
 
 
-def _last_ai(messages: Sequence[AnyMessage]) -> AIMessage | None:
+def _last_ai(messages: Sequence[Any]) -> AIMessage | None:
     for m in reversed(messages):
         if isinstance(m, AIMessage):
             return m

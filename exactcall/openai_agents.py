@@ -72,6 +72,10 @@ class ApprovalMismatch(ExactcallError):
     code = "ApprovalMismatch"
 
 
+_REFUSALS: tuple[type[ExactcallError], ...] = (*MODEL_ERRORS, ApprovalMismatch)
+"""What the model gets as a tool error instead of a failed workflow (see exactcall.adapters)."""
+
+
 # -- the tool --------------------------------------------------------------------------------
 @dataclasses.dataclass
 class _ExactcallFunctionTool(FunctionTool):
@@ -93,7 +97,7 @@ class _ExactcallFunctionTool(FunctionTool):
             if await self._natively_gated(ctx, raw):
                 _check_native_approval(t, ctx.tool_call_id, named)
             result = await call_for_model(t, named, step=step)
-        except (*MODEL_ERRORS, ApprovalMismatch) as err:  # see exactcall.adapters
+        except _REFUSALS as err:  # see exactcall.adapters
             return _error_text(err)
         return _result_text(result)
 
@@ -112,9 +116,7 @@ class _ExactcallFunctionTool(FunctionTool):
             return setting
         params = json.loads(raw) if raw and raw.strip() else {}
         verdict = setting(ctx, params, ctx.tool_call_id)
-        if inspect.isawaitable(verdict):
-            verdict = await verdict
-        return bool(verdict)
+        return bool(await verdict if inspect.isawaitable(verdict) else verdict)
 
 
 def function_tool(
@@ -269,7 +271,7 @@ async def decide(result: Any) -> RunState[Any]:
     async def one(item: ToolApprovalItem) -> None:
         t = _tool_of(item)
         try:
-            grant = await ask_a_person(t, _parsed(t, item.arguments or ""), item.call_id)
+            grant = await ask_a_person(t, _parsed(t, item.arguments or ""), str(item.call_id))
         except (ApprovalDenied, ApprovalExpired) as err:
             state.reject(item, rejection_message=f"{err.code}: {err.message}")
             return

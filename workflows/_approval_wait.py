@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from temporalio import workflow
 
@@ -36,7 +37,7 @@ async def wait_for_approval(
         key=intent.key,
         requested_at=now,
         expires_at=now + t.options.approval_timeout,
-        requested_by=workflow.memo_value(REQUESTED_BY_MEMO, None, type_hint=str | None),
+        requested_by=workflow.memo_value(REQUESTED_BY_MEMO, None, type_hint=str | None),  # type: ignore[arg-type]  # the SDK's hint is narrower than what it decodes
         approvals_needed=t.options.min_approvals,
         reasons=reasons,
     )
@@ -86,7 +87,7 @@ def show_pending(st: WorkflowState) -> None:
 def _outcome(t: Tool, intent: Intent, req: ApprovalRequest) -> ApprovalGrant:
     book = state().book
     decided = book.state(intent.step)
-    fields = {
+    fields: dict[str, Any] = {
         "tool": t.name,
         "step": intent.step,
         "args_hash": intent.args_hash,

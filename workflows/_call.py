@@ -121,9 +121,10 @@ async def call_with(
             "use exactcall.intent_hash"
         )
     t = resolve_tool(tool)
-    mode = on_unknown or t.options.on_unknown
-    if mode not in ("wait", "raise"):
-        raise InvalidCall(f"on_unknown={mode!r}: use 'wait' or 'raise'", tool=t.name)
+    given = on_unknown or t.options.on_unknown
+    if given not in ("wait", "raise"):
+        raise InvalidCall(f"on_unknown={given!r}: use 'wait' or 'raise'", tool=t.name)
+    mode: OnUnknown = "wait" if given == "wait" else "raise"
     intent = intent_of(t, args, kwargs or {}, key)
     st = state()
     if _reads(t):  # cancelled like a plain activity (not awaited)
@@ -300,8 +301,8 @@ async def _budgeted(t: Tool, intent: Intent, on_unknown: OnUnknown, flight: Flig
         raise err
     try:
         if over or t.needs_approval(intent):
-            why = tuple(over_text(o.budget, o.op.window, o.answer, o.op.measure) for o in over)
-            grant = await observed_approval(t.name, wait_for_approval(t, intent, why))
+            reasons = tuple(over_text(o.budget, o.op.window, o.answer, o.op.measure) for o in over)
+            grant = await observed_approval(t.name, wait_for_approval(t, intent, reasons))
             intent = intent.model_copy(update={"approval": grant})
             held += await reserve_overruns(over, grant.approved_by)
     except BaseException:
@@ -470,7 +471,12 @@ class _Interrupted(ToolFailed):
 
 def _outcome_error(name: str, intent: Intent, err: ActivityError) -> ExactcallError:
     cause = err.cause
-    fields = {"tool": name, "step": intent.step, "key": intent.key, "args_hash": intent.args_hash}
+    fields: dict[str, Any] = {
+        "tool": name,
+        "step": intent.step,
+        "key": intent.key,
+        "args_hash": intent.args_hash,
+    }
     if isinstance(cause, ActivityCancelled | ActivityTimedOut):
         return _Interrupted(
             f"{name} {intent.step} was cancelled before an attempt reported: {cause}", **fields

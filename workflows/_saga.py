@@ -35,7 +35,7 @@ from exactcall._wire import (
 from ._call import call_with
 from ._saga_stage import OPEN, Noter, done_of
 from ._state import state
-from ._unknown import await_verdict
+from ._unknown import OnUnknown, await_verdict
 
 __all__ = ["Saga", "UndoRun", "saga"]
 
@@ -210,7 +210,7 @@ class Saga:
 async def _undo_one(u: Tool, done: Done, raise_unknown: bool) -> Any:
     outer = OPEN.set(())  # an undo is not itself a call of the saga (or of one around it)
     try:
-        on_unknown = "raise" if raise_unknown else None
+        on_unknown: OnUnknown | None = "raise" if raise_unknown else None
         return await call_with(u, args=[done], key=undo_step(done.step), on_unknown=on_unknown)
     finally:
         OPEN.reset(outer)

@@ -172,7 +172,7 @@ async def tell_cancelled(intent: Intent) -> None:
 
 
 def settled_result(t: Tool, intent: Intent, settled: Settled) -> Any:
-    fields = {
+    fields: dict[str, Any] = {
         "tool": t.name,
         "step": intent.step,
         "key": intent.key,

@@ -370,6 +370,8 @@ async def _client_command(ns: argparse.Namespace) -> int:
     from ._worker import connect
     from .approvals import _cli as _cli_approvals
 
+    if ns.command in ("unresolved", "resolve"):  # may use the MCP proxies' embedded server
+        return await _cli_resolve.main(ns, _connection(ns))
     try:
         client = await connect(_connection(ns))
     except RuntimeError as exc:

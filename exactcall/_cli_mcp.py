@@ -133,6 +133,12 @@ def proxy_flags(p: argparse.ArgumentParser) -> None:
         "give every proxy of one --name the same)",
     )
     p.add_argument("--audit", type=Path, help="JSONL audit file (default: in the state folder)")
+    p.add_argument(
+        "--home",
+        type=Path,
+        help="the state folder (default $EXACTCALL_HOME, which MCP clients do not pass to a "
+        "server unless its config's env has it): the embedded server's database, the audit",
+    )
 
 
 def add_parsers(sub: Any, connection_args: Callable[[argparse.ArgumentParser], None]) -> None:

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import getpass
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client
 
 from ._confirm import confirm_at_terminal
+from ._wire import MCP_PROXY_TOOL as PROXY_TOOL
 from .approvals._cli import EXIT_OK, EXIT_QUEUED, EXIT_REFUSED, EXIT_USAGE
 from .reconciliation import UnresolvedCall, find, list_failed_undos, list_unresolved, resolve
 
-__all__ = ["add_parsers", "run"]
+__all__ = ["add_parsers", "main", "run"]
 
 EXIT_SENT = EXIT_QUEUED  # sent, applied later: neither accepted nor refused
 
@@ -22,6 +25,7 @@ EXIT_SENT = EXIT_QUEUED  # sent, applied later: neither accepted nor refused
 def add_parsers(sub: Any, connection_args: Any) -> None:
     u = sub.add_parser("unresolved", help="calls whose outcome is unknown, waiting for a person")
     u.add_argument("--json", action="store_true")
+    _home_arg(u)
     connection_args(u)
     r = sub.add_parser(
         "resolve",
@@ -37,7 +41,45 @@ def add_parsers(sub: Any, connection_args: Any) -> None:
     r.add_argument("--reason")
     r.add_argument("--as", dest="by", help="who decides (default: the OS user)")
     r.add_argument("--yes", action="store_true", help="do not ask (required without a TTY)")
+    _home_arg(r)
     connection_args(r)
+
+
+def _home_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--home",
+        type=Path,
+        help="the MCP proxies' state folder (default $EXACTCALL_HOME): with no Temporal "
+        "configured, their embedded server's calls are listed and settled there, the server "
+        "started for the command if no proxy runs",
+    )
+
+
+async def main(ns: argparse.Namespace, conn: Any) -> int:
+    """Connect (to the MCP proxies' embedded server, when that is where the calls are: see
+    exactcall.mcp._proxy_settle), run the command, leave the server."""
+    from ._worker import connect
+
+    embedded = None
+    try:
+        try:
+            from .mcp import _proxy_settle as proxies
+        except ImportError:  # no mcp extra: no proxy ever ran here
+            proxies = None
+        if proxies is not None:
+            conn, embedded = await proxies.embedded_for_cli(conn, ns.home, ns.command)
+        try:
+            client = await connect(conn)
+        except RuntimeError as exc:
+            print(f"exactcall: cannot reach Temporal: {exc}", file=sys.stderr)
+            return 1
+        if proxies is None:
+            return await run(ns, client)
+        async with proxies.driving_proxies(conn, client):
+            return await run(ns, client)
+    finally:
+        if embedded is not None:
+            await asyncio.to_thread(embedded.stop)
 
 
 def _row(u: UnresolvedCall) -> dict[str, Any]:
@@ -130,6 +172,11 @@ async def _resolve(ns: argparse.Namespace, client: Client) -> int:
     )
     if res.accepted:
         print(f"{verdict} by {res.resolution.by}: accepted")
+        if verdict == "not_landed" and row.tool == PROXY_TOOL:
+            print(
+                "    a proxy of that name sends it once more, with the same key (the next one "
+                "to start, if none runs now)"
+            )
         return EXIT_OK
     if res.outcome is None:  # sent: Temporal keeps it, a worker applies it when it runs
         print(

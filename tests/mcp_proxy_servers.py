@@ -3,7 +3,8 @@
 * ``effects FILE``: an MCP SDK v2 server whose tools append one line per real execution to
   FILE (the effect counter), so a test counts what really ran at the destination:
   ``append`` (a write), ``slow_append`` (a write that first writes ``FILE.started``, then sleeps,
-  then appends), ``get_lines`` (a read by its name), ``tally`` (``readOnlyHint: true`` but a
+  then appends), ``slow_save`` (the same, whose output schema is ``{"content": string}``),
+  ``get_lines`` (a read by its name), ``tally`` (``readOnlyHint: true`` but a
   write-looking name), ``refuse`` (answers isError with ``_meta`` ``io.exactcall/not-executed``)
   ``fail_soft`` (answers isError without it), ``get_count`` (a read by its name),
   ``write_file`` (overwrites ``FILE.content``), ``set_logging`` (a toggle) and ``increment``
@@ -30,8 +31,13 @@ from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
+from pydantic import BaseModel
 
 KEY_META = "io.exactcall/idempotency-key"
+
+
+class Saved(BaseModel):
+    content: str
 
 
 def effects_server(path: Path) -> MCPServer:
@@ -64,6 +70,13 @@ def effects_server(path: Path) -> MCPServer:
         Path(f"{path}.started").write_text(line)
         time.sleep(seconds)
         return record("slow_append", line, ctx)
+
+    @server.tool()
+    def slow_save(line: str, seconds: float, ctx: Context) -> Saved:
+        """As slow_append, with an output schema of its own: ``{"content": string}``."""
+        Path(f"{path}.started").write_text(line)
+        time.sleep(seconds)
+        return Saved(content=record("slow_save", line, ctx))
 
     @server.tool()
     def get_lines(ctx: Context) -> str:

@@ -6,15 +6,35 @@ proxy, the server of tests/mcp_proxy_servers.py, a real Temporal dev server."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
 
 from exactcall._cli import main as cli_main
 from exactcall._server import DevServer
-from tests.mcp_proxy_client import OUTCOME, fresh, meta, proxied, text
+from exactcall.mcp._proxy_workflow import PROXY_TOOL
+from tests.mcp_proxy_client import (
+    DEDUP,
+    OUTCOME,
+    ROOT,
+    alive,
+    eventually,
+    fresh,
+    meta,
+    proxied,
+    proxy_env,
+    text,
+)
 
 
 async def test_the_approval_wait_bounds_how_long_the_client_is_held(
@@ -60,3 +80,117 @@ def test_a_bad_size_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None
     argv = ["mcp", "proxy", "--max-args-bytes", "lots", "--", sys.executable]
     assert cli_main(argv) == 2
     assert "'lots' is not a size" in capsys.readouterr().err
+
+
+def _exactcall(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m exactcall ARGS`` as a person runs it: no Temporal configured, the state
+    folder given with --home."""
+    return subprocess.run(
+        [sys.executable, "-m", "exactcall", *args, "--home", str(home)],
+        cwd=ROOT,
+        env=proxy_env(home),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.crash
+async def test_a_killed_proxys_call_is_listed_and_settled_with_no_proxy_running(
+    tmp_path: Path,
+) -> None:
+    """The proxy (on its embedded server) is SIGKILLed mid-write and its server stopped: no
+    proxy and no server run. `exactcall unresolved` starts the server on its database, lists
+    the call, `exactcall resolve --landed` settles it (accepted), and the server stops with
+    the command. A proxy of that name started later gives the client that verdict's result,
+    and nothing was sent again."""
+    home, effects = tmp_path / "home", tmp_path / "k.effects"
+    info = home / "mcp" / "temporal.json"
+    args = {"line": "k", "seconds": 1.5}
+    where = {"effects": effects, "home": home}
+    try:
+        with contextlib.suppress(Exception):  # the client's session dies with the proxy
+            async with proxied(
+                tmp_path, name="kept", address=None, effects=effects, home=home
+            ) as p:
+                pending = asyncio.create_task(p.client.call_tool("slow_append", args))
+                await eventually(Path(f"{effects}.started").exists)
+                os.killpg(p.pids()[1], signal.SIGKILL)  # the proxy and its server, mid-write
+                await asyncio.wait({pending}, timeout=10)
+        server_pid = json.loads(info.read_text())["pid"]
+        os.kill(server_pid, signal.SIGTERM)  # and the embedded server (a reboot, say)
+        await eventually(lambda: not alive(server_pid), 20)
+
+        listed = await asyncio.to_thread(_exactcall, home, "unresolved", "--json")
+        assert listed.returncode == 0, listed.stderr
+        rows = [r for r in json.loads(listed.stdout) if r["kind"] == "unknown_outcome"]
+        assert [(r["tool"], r["args"]["tool"]) for r in rows] == [(PROXY_TOOL, "slow_append")], (
+            listed.stderr
+        )
+        wid, step = rows[0]["workflow_id"], rows[0]["step"]
+        assert "embedded server" in listed.stderr
+        assert not alive(json.loads(info.read_text())["pid"])  # stopped with the command
+
+        landed = ["resolve", wid, step, "--landed", "--result", '"k written"', "--yes"]
+        settled = await asyncio.to_thread(_exactcall, home, *landed)
+        assert settled.returncode == 0, settled.stdout + settled.stderr
+        assert "accepted" in settled.stdout
+        after = await asyncio.to_thread(_exactcall, home, "unresolved", "--json")
+        assert [r for r in json.loads(after.stdout) if r["kind"] == "unknown_outcome"] == []
+        assert not alive(json.loads(info.read_text())["pid"])
+
+        async with proxied(tmp_path, name="kept", address=None, **where) as p2:
+            again = await p2.client.call_tool("slow_append", args)
+    finally:
+        with contextlib.suppress(Exception):
+            os.kill(json.loads(info.read_text())["pid"], signal.SIGKILL)
+    assert not again.is_error and meta(again)[DEDUP] is True, text(again)
+    assert text(again).endswith("k written")
+    assert p2.count("slow_append") == 0  # the person said it landed: never sent again
+
+
+@pytest.mark.crash
+async def test_a_plain_result_settles_a_tool_with_an_output_schema(
+    server: DevServer, tmp_path: Path
+) -> None:
+    """The server dies during slow_save, whose output schema is {"content": string}; the
+    person resolves it with a plain value, as the proxy's text says (`--landed --result JSON`);
+    the copy gets a result the client accepts: that value, as the schema's one property."""
+    effects, args = tmp_path / "save.effects", {"line": "s", "seconds": 5}
+    async with proxied(tmp_path, name=fresh(), address=server.address, effects=effects) as p:
+        pending = asyncio.create_task(p.client.call_tool("slow_save", args))
+        await eventually(Path(f"{effects}.started").exists)
+        os.kill(p.pids()[0], signal.SIGKILL)
+        unknown = await asyncio.wait_for(pending, 30)
+    assert unknown.is_error and meta(unknown)[OUTCOME] == "unknown"
+    assert "--landed --result JSON | --not-landed | --abandon" in text(unknown)
+    wid, step = meta(unknown)["io.exactcall/workflow-id"], meta(unknown)["io.exactcall/step"]
+    landed = ["resolve", wid, step, "--landed", "--result", '"saved"', "--yes"]
+    async with proxied(tmp_path, name=p.name, address=server.address, effects=effects) as p2:
+        assert await asyncio.to_thread(cli_main, [*landed, "--address", server.address]) == 0
+        copy = await p2.client.call_tool("slow_save", args)  # the client checks the schema
+    assert not copy.is_error and meta(copy)[DEDUP] is True, text(copy)
+    assert copy.structured_content == {"content": "saved"}
+    assert p2.count("slow_save") == 0
+
+
+async def test_home_is_the_proxys_state_folder_whatever_its_client_passes(
+    tmp_path: Path,
+) -> None:
+    """An MCP client starts the proxy with the MCP SDK's default environment (HOME, PATH, ...,
+    no EXACTCALL_HOME); --home puts its embedded server's database and its audit there."""
+    home, effects = tmp_path / "state", tmp_path / "home.effects"
+    info = home / "mcp" / "temporal.json"
+    upstream = [sys.executable, "-m", "tests.mcp_proxy_servers", "effects", str(effects)]
+    args = ["-m", "exactcall", "mcp", "proxy", "--name", "homed", "--home", str(home), "--"]
+    params = StdioServerParameters(command=sys.executable, args=[*args, *upstream], cwd=ROOT)
+    try:
+        with (tmp_path / "homed.log").open("a") as log:
+            async with Client(stdio_client(params, errlog=log), read_timeout_seconds=60) as c:
+                done = await c.call_tool("append", {"line": "h"})
+    finally:
+        with contextlib.suppress(Exception):
+            os.kill(json.loads(info.read_text())["pid"], signal.SIGKILL)
+    assert not done.is_error, text(done)
+    assert (home / "mcp" / "temporal.db").exists() and (home / "mcp" / "homed.audit.jsonl").exists()
+    assert effects.read_text().startswith("append h ")

@@ -134,6 +134,8 @@ class Reply:
     deliver: str | None = None
     """The caller id to report delivered once the result is written (a final outcome whose
     run is kept for a retry until a client got it)."""
+    settled: bool = False
+    """Its result comes from a verdict on an unknown outcome (a person's value, or a re-run)."""
 
 
 @dataclass(frozen=True)
@@ -184,6 +186,7 @@ class Caller:
         task_queue: str,
         cli_flags: Any,
         progress: Any,
+        resolve_flags: Any = None,
     ) -> None:
         """``retry_window``: how long an outcome no client received waits for a retry;
         ``cli_flags()``: connection flags for printed commands; ``progress(call, n,
@@ -195,6 +198,7 @@ class Caller:
         self.approval_wait = approval_wait.total_seconds()
         self.task_queue = task_queue
         self._cli_flags = cli_flags
+        self._resolve_flags = resolve_flags or cli_flags
         self._progress = progress
         self.metas: dict[str, dict[str, Any]] = {}
         self.origins: dict[str, Any] = {}
@@ -665,7 +669,8 @@ class Caller:
                 if o.deduplicated
                 else ("failed" if result.get("isError") else "executed")
             )
-            return Reply(result, outcome, **ids)
+            settled = (o.message or "").startswith("decided by")  # the run's verdict wording
+            return Reply(result, outcome, settled=settled, **ids)
         if o.kind == "pending":
             text = (
                 f"{self.server}.{call.tool} is waiting for an approval of these exact arguments "
@@ -676,12 +681,13 @@ class Caller:
             )
             return Reply(tool_error(text, "awaiting_approval", **ids), "awaiting_approval", **ids)
         if o.kind == "unknown":
+            flags = self._resolve_flags()
             text = (
                 f"outcome unknown: {self.server}.{call.tool} may or may not have run (the proxy "
                 "or the server stopped during the call). It is not sent again. `exactcall "
                 f"unresolved{flags}` lists it; resolve it with: exactcall resolve {o.workflow_id} "
-                f"{o.step} --landed [--result JSON] | --not-landed | --abandon{flags}. "
-                f"({o.message})"
+                f"{o.step} --landed --result JSON | --not-landed | --abandon{flags} (--result: "
+                f"the tool's result, e.g. '\"done\"'). ({o.message})"
             )
             return Reply(tool_error(text, "unknown", **ids), "unknown", **ids)
         kind = "denied" if o.kind == "denied" else "failed"

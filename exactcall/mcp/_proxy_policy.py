@@ -103,6 +103,8 @@ class Policy:
     """``--trusted``: the server's ``readOnlyHint`` decides."""
     annotations: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Tool name -> its ``annotations`` object, as last seen in a ``tools/list`` result."""
+    output_schemas: dict[str, Any] = field(default_factory=dict)
+    """Tool name -> its ``outputSchema`` (None: it has none), from the same results."""
 
     @classmethod
     def from_flags(cls, ns: Any) -> tuple[Policy, list[str]]:
@@ -133,6 +135,7 @@ class Policy:
             if isinstance(t, dict) and isinstance(t.get("name"), str):
                 ann = t.get("annotations")
                 self.annotations[t["name"]] = ann if isinstance(ann, dict) else {}
+                self.output_schemas[t["name"]] = t.get("outputSchema")
 
     def needs_listing(self, tool: str) -> bool:
         """Whether the tool's annotations would matter but are not known yet."""

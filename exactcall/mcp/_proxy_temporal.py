@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import signal
 import time
 from dataclasses import dataclass
@@ -230,6 +231,15 @@ class Temporal:
         if self.conn.namespace and self.conn.namespace != "default":
             flags.append(f"--namespace {self.conn.namespace}")
         return (" " + " ".join(flags)) if flags else ""
+
+    @property
+    def resolve_flags(self) -> str:
+        """For ``exactcall unresolved/resolve``, which find the embedded server by its state
+        folder even once it has stopped: that folder, when it is not the default one."""
+        flags = self.cli_flags
+        if self.embedded is not None and os.environ.get("EXACTCALL_HOME"):
+            flags += f" --home {shlex.quote(str(state_dir()))}"
+        return flags
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="mcp-proxy-temporal")

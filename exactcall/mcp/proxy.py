@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import os
 import re
 import signal
 import sys
@@ -55,6 +56,7 @@ from ._meta import KEY_META, NOT_EXECUTED_META
 from ._proxy_calls import Call, Caller, Reply, tool_error
 from ._proxy_http import HttpUpstream
 from ._proxy_policy import Audit, Policy
+from ._proxy_results import fit_to_schema
 from ._proxy_stdio import (
     ClientSide,
     ClientStdio,
@@ -119,6 +121,8 @@ def run_proxy(ns: argparse.Namespace, connection: Connection) -> Any:
             file=sys.stderr,
         )
     retry_window = ns.retry_window or ns.window or RETRY_WINDOW
+    if getattr(ns, "home", None) is not None:  # before anything reads the state folder
+        os.environ["EXACTCALL_HOME"] = str(ns.home.expanduser().resolve())
     policy, errors = Policy.from_flags(ns)
     name = ns.name or (derive_url_name(ns.url) if ns.url else derive_name(ns.server_command))
     if not _NAME.match(name):
@@ -198,6 +202,7 @@ class Proxy:
             ns.approval_wait,
             self.temporal.task_queue,
             cli_flags=lambda: self.temporal.cli_flags,
+            resolve_flags=lambda: self.temporal.resolve_flags,
             progress=self._progress,
         )
         self.sessions: set[Session] = set()
@@ -283,7 +288,8 @@ class Proxy:
             )
             return Reply(tool_error(text, "failed"), "failed")
         try:
-            return await self.caller.run(client, call)
+            reply = await self.caller.run(client, call)
+            return await self._fitted(call, reply) if reply.settled else reply
         except Exception as exc:
             log.error("mcp_proxy.call_error", tool=call.tool, error=f"{type(exc).__name__}: {exc}")
             text = (
@@ -292,6 +298,15 @@ class Proxy:
                 "outcome: it is not run again while it runs or before its answer reached you."
             )
             return Reply(tool_error(text, "unknown"), "unknown")
+
+    async def _fitted(self, call: Call, reply: Reply) -> Reply:
+        """A verdict's result, its structured content fitted to the tool's output schema (a
+        person's plain ``--result``: see :mod:`._proxy_results`)."""
+        session = call.origin
+        if call.tool not in self.policy.output_schemas and isinstance(session, Session):
+            await self.learn_tools(session.upstream)
+        schema = self.policy.output_schemas.get(call.tool)
+        return dataclasses.replace(reply, result=fit_to_schema(reply.result, schema))
 
     def _upstream_for(self, workflow_id: str) -> Upstream | None:
         """The upstream a call goes to: its client session's, or (that session has ended, or

@@ -7,6 +7,11 @@ once: an async tool gets CancelledError, and ``activity.is_cancelled()`` turns t
 one. What the tool then does decides the outcome: it returns (done), raises NotExecuted (it
 did not happen), or anything else (unknown, reconciled).
 
+An attempt that lost its claim to run (``_claim``: the server may have handed the call on;
+its worker was cut off, or frozen, or the server timed it out) is cancelled the same way,
+and a sync tool of it that still runs stops the worker's process (fail-stop), unless its
+late effect is harmless (a provider-idempotent tool) or the plugin says ``fail_stop=False``.
+
 The *settling* attempt (activity id ``exactcall.settle:<id>``) runs after a cancelled
 activity ended with no attempt reporting (it had not started, or its worker died): it decides
 from the markers alone and never calls the tool.
@@ -15,6 +20,8 @@ from the markers alone and never calls the tool.
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -29,6 +36,8 @@ if TYPE_CHECKING:
 __all__ = [
     "BY_SHUTDOWN",
     "BY_WORKFLOW",
+    "CLAIM_LOST",
+    "FAIL_STOP_EXIT",
     "Cancellation",
     "ToolCancelled",
     "durably",
@@ -39,6 +48,11 @@ T = TypeVar("T")
 
 BY_WORKFLOW = "the workflow cancelled the call"
 BY_SHUTDOWN = "the worker shut down"
+TIMED_OUT = "the attempt timed out"
+CLAIM_LOST = "the attempt lost its claim to run"
+FAIL_STOP_EXIT = 75
+"""The exit status of a worker that stopped itself: a sync tool of an attempt whose claim was
+lost was still running (EX_TEMPFAIL: a supervisor restarts it)."""
 
 
 class ToolCancelled(Exception):
@@ -53,7 +67,7 @@ def worker_reason() -> str:
     if d.cancel_requested:
         return BY_WORKFLOW
     if d.timed_out or d.not_found:
-        return "the attempt timed out"
+        return TIMED_OUT
     return "the attempt was paused or reset"
 
 
@@ -108,6 +122,31 @@ class Cancellation:
             self.why = why
             self.attempt.log.info("tool.cancel_requested", why=why)
 
+    def claim_lost(self, detail: str) -> None:
+        """The attempt lost its claim to run: its tool must not go on. An async tool is
+        cancelled; a sync one, which nothing can interrupt, stops the process (fail-stop)."""
+        a = self.attempt
+        run = self.tool_run
+        a.log.warning("tool.claim_lost", why=detail, tool_running=run is not None)
+        if run is not None and not run.done() and not a.tool.is_async and self._fail_stops:
+            a.log.critical(
+                "worker.fail_stop",
+                why=f"{CLAIM_LOST} ({detail}) while its sync tool still runs: this process "
+                "stops before the tool can make a late effect",
+                exit_status=FAIL_STOP_EXIT,
+            )
+            sys.stderr.flush()
+            os._exit(FAIL_STOP_EXIT)
+        self(f"{CLAIM_LOST}: {detail}")
+
+    @property
+    def _fail_stops(self) -> bool:
+        """A sync tool whose late effect is not harmless: not read-only, not deduplicated by
+        its provider for good."""
+        a = self.attempt
+        idempotent = a.tool.options.provider_idempotent is True
+        return a.fail_stop and not a.tool.attempt_reads and not idempotent
+
     def by_worker(self) -> None:
         """The worker cancelled this attempt while it wrote a marker (which it finished)."""
         self.note(worker_reason())
@@ -118,8 +157,9 @@ class Cancellation:
         The worker cancels this attempt when it shuts down (the tool is told, and gets a
         heartbeat timeout's time to answer), when the workflow cancelled the call (the tool is
         told), or when the server no longer knows the attempt (it timed out, or its workflow
-        closed: the tool goes on, and its outcome is recorded for the next attempt to find;
-        a read-only tool is told, as on shutdown).
+        closed: the tool goes on until its claim to run has run out by the worker's clock, see
+        ``claim_lost``, and its outcome is recorded for the next attempt to find; a read-only
+        tool is told, as on shutdown).
         """
         grace = self.attempt.tool.options.heartbeat_timeout.total_seconds()
         self.tool_run = run
@@ -150,7 +190,7 @@ class Cancellation:
                     return
                 if why == BY_WORKFLOW:
                     self(why)
-                else:
+                else:  # the tool goes on until its claim runs out (``_claim``)
                     self.attempt.log.warning("tool.attempt_stale", why=why)
             except Exception:
                 return  # the tool's own error: the caller reads it

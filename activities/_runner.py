@@ -64,6 +64,7 @@ from exactcall.approvals._binding import ApprovalMissing
 
 from . import _runs as runs
 from ._cancelling import BY_WORKFLOW, Cancellation, ToolCancelled, durably
+from ._claim import Claim, clock, holding
 from ._records import Record, RecordView
 
 __all__ = ["tool_activity"]
@@ -74,17 +75,21 @@ REPORTED: Any = object()
 """An attempt's return value when it completed its activity itself (by task token)."""
 
 
-def tool_activity(t: Tool, *, run_claims: bool = True) -> Callable[[WireIntent], Awaitable[Any]]:
+def tool_activity(
+    t: Tool, *, run_claims: bool = True, fail_stop: bool = True
+) -> Callable[[WireIntent], Awaitable[Any]]:
     """The Temporal activity (named like the tool) that runs ``t`` under exactcall.
 
     Its input is the call's intent in its wire form (an older full Intent reads the same).
     ``run_claims``: claim each workflow id once per run (``_runs``); False claims every call
-    with a per-call record, as exactcall 0.1 did."""
+    with a per-call record, as exactcall 0.1 did. ``fail_stop``: the worker process stops
+    itself when a sync tool of an attempt that lost its claim to run still runs (``_claim``).
+    """
 
     async def run(wire: WireIntent) -> Any:
         info = activity.info()
         intent = wire.complete(workflow_type=info.workflow_type or "", task_queue=info.task_queue)
-        attempt = Attempt(t, intent, run_claims=run_claims)
+        attempt = Attempt(t, intent, run_claims=run_claims, fail_stop=fail_stop)
         with observed_attempt(attempt):  # the call's outcome metric, and its span
             result = await attempt.run()
         if result is REPORTED:  # completed by its task token already: nothing to send
@@ -110,9 +115,14 @@ class Attempt:
     """This attempt's run holds the workflow id's claim (no per-call record on the happy
     path)."""
 
-    def __init__(self, t: Tool, intent: Intent, *, run_claims: bool = True) -> None:
+    def __init__(
+        self, t: Tool, intent: Intent, *, run_claims: bool = True, fail_stop: bool = True
+    ) -> None:
         info = activity.info()
         self.run_claims = run_claims
+        self.fail_stop = fail_stop
+        self.claim = Claim(t.options.heartbeat_timeout.total_seconds())
+        """This attempt's claim to run, as its worker sees it (``_claim``)."""
         self.tool = t
         self.intent = intent
         self.info = info
@@ -492,7 +502,12 @@ class Attempt:
         if beat_phase != "read_only":
             i = self.intent
             note_execution(i.tool, i.step, i.key, self.info.attempt, i.workflow_id)
-        with running(self.intent):  # the tool's task (or thread) copies this context
+        self.claim.loop = asyncio.get_running_loop()
+        self.claim.check = lambda: self.handle.heartbeat(
+            {"phase": beat_phase, "attempt": self.info.attempt}
+        )
+        # the tool's task (or thread) copies this context
+        with running(self.intent), holding(self.claim):
             if t.is_async:
                 run = asyncio.ensure_future(t.fn(*pos, **kw))
             else:
@@ -569,13 +584,17 @@ class Attempt:
         the liveness loop, which is cancelled when its work is done)."""
         if via_worker:
             activity.heartbeat(details)
+        sent = clock()
         beat = self.handle.heartbeat(details)
         try:
             await (durably(beat, self.cancel.by_worker) if durable else beat)
         except AsyncActivityCancelledError as exc:
             if exc.details is not None and not exc.details.cancel_requested:
                 raise  # paused or reset by an operator: as before, this attempt ends
+            self.claim.acked(sent)  # recorded all the same
             self.cancel(BY_WORKFLOW)
+        else:
+            self.claim.acked(sent)
 
     @contextlib.asynccontextmanager
     async def keepalive(
@@ -591,13 +610,23 @@ class Attempt:
                 except Exception as exc:  # stale attempt or server away: keep the tool going
                     self.log.warning("tool.heartbeat_failed", error=_describe(exc))
 
-        task = asyncio.create_task(loop())
+        async def watch() -> None:
+            """The claim's deadline, checked between heartbeats: a worker cut off from the
+            server gives it up on time; a frozen one at once when it runs again (its timers
+            are overdue, and this one is due before any the tool set for later)."""
+            while not self.claim.expired():
+                await asyncio.sleep(max(0.0, min(interval / 2, self.claim.expires_at - clock())))
+            self.cancel.claim_lost(self.claim.lost or "")
+
+        tasks = [asyncio.create_task(loop()), asyncio.create_task(watch())]
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     async def mark(self, kind: str, **fields: Any) -> None:
         ev = RecordEvent(kind=kind, owner=self.owner, attempt=self.info.attempt, **fields)  # type: ignore[arg-type]

@@ -34,6 +34,7 @@ from ._plugin import Plugin
 from ._tool import Tool, ToolOptions, get_tool, intent_hash, registered_tools, tool
 from ._undo import Done, UndoFailed, UndoReport
 from ._verdicts import CallAbandoned, Landed, NotLanded, Unknown
+from .activities._claim import check_claim, check_claim_async
 from .approvals._binding import ApprovalDenied, ApprovalExpired, ApprovalMissing
 from .workflows._call import call, call_with
 from .workflows._saga import Saga, saga
@@ -75,6 +76,8 @@ __all__ = [
     "call",
     "call_with",
     "canonical_json",
+    "check_claim",
+    "check_claim_async",
     "current_intent",
     "derive_key",
     "get_tool",

@@ -111,6 +111,7 @@ class Plugin(SimplePlugin):
         search_attributes: bool = True,
         mcp_servers: Mapping[str, Any] | None = None,
         run_claims: bool = True,
+        fail_stop: bool = True,
     ) -> None:
         """``approver_keys``: approver name -> Ed25519 public key (PEM, raw bytes or key
         object); when given, only decisions signed by those keys are accepted.
@@ -125,8 +126,14 @@ class Plugin(SimplePlugin):
         ``run_claims``: prove once per workflow run that no earlier run of its workflow id
         made calls (one claim record per workflow id), so the run's calls need no per-call
         record; False claims every call with a per-call record, as exactcall 0.1 did (see
-        the README's upgrade notes)."""
+        the README's upgrade notes).
+        ``fail_stop``: a worker whose attempt lost its claim to run (its heartbeats not
+        acknowledged for about a heartbeat timeout: cut off from the server, or frozen) while
+        that attempt's sync tool still runs stops its own process (``os._exit``), so that the
+        tool cannot make its effect after another attempt took the call over (docs/
+        production.md). False lets such a tool run on."""
         self._run_claims = run_claims
+        self._fail_stop = fail_stop
         self._tools = list(tools) if tools is not None else None
         clash = same_names(self._tools or [])
         if clash:
@@ -165,7 +172,10 @@ class Plugin(SimplePlugin):
         parts, tools = self._parts, self.tools
         out = list(existing or [])
         if parts.tools:
-            out += [tool_activity(t, run_claims=self._run_claims) for t in tools]
+            out += [
+                tool_activity(t, run_claims=self._run_claims, fail_stop=self._fail_stop)
+                for t in tools
+            ]
             out += [probe_activity(t) for t in tools if t.options.reconcile is not None]
             out.append(await_settled)
         if parts.workflows:

@@ -109,3 +109,11 @@ def fault_charge(bank: str, amount: int, to: str, seconds: float) -> dict[str, A
     time.sleep(seconds)
     body = {"amount": amount, "to": to}
     return post(bank, "/payments", body, exactcall.idempotency_headers())
+
+
+@exactcall.tool(heartbeat_timeout=FAST)
+def claim_left(bank: str, to: str) -> float:
+    """How long its claim holds, by check_claim() (a healthy worker: most of the timeout)."""
+    left = exactcall.check_claim()
+    _pay(bank, 1, to)
+    return left

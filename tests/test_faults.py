@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from temporalio.client import Client
 
+import tests.fault_tools  # noqa: F401  (its tools, for the in-process worker)
 from exactcall._model import Owner, RecordEvent
 from exactcall._server import DevServer
 from exactcall.activities import Record
@@ -261,3 +262,15 @@ async def test_a_partition_that_heals_before_the_claim_runs_out_changes_nothing(
         assert "ok" in out, out
         assert s.paid() == 1 and s.entered() == 1
         assert not any("tool.claim_lost" in line for line in a.log), a.tail
+
+
+async def test_check_claim_on_a_healthy_worker_says_how_long_the_claim_holds(
+    client: Client, worker: Any, tq: str, bank: Bank, who: str
+) -> None:
+    import exactcall
+    from exactcall._errors import ExactcallError
+
+    [out] = await (await start_agent(client, tq, plan(step("claim_left", bank.url, who)))).result()
+    assert 1.0 < out["ok"] <= 1.8, out  # heartbeat timeout 2 s, less a tenth
+    with pytest.raises(ExactcallError, match="no exactcall tool call is running here"):
+        exactcall.check_claim()

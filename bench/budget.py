@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -31,6 +32,8 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from temporalio.client import Client
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -91,6 +94,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
             for mode in MODES:  # warm-up: the ledger starts, sandbox and caches are warm
                 await run(mode, 5)
+
+            if args.concurrent:
+                out["concurrent"] = await concurrent_phase(client, tq, args)
+                print(f"  concurrent: {json.dumps(out['concurrent'])}", flush=True)
+            if args.skip_sequential:
+                return out
 
             per_call: dict[str, list[float]] = {m: [] for m in MODES}
             for i in range(args.rounds):
@@ -163,11 +172,86 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             server.stop()
 
 
+async def at_once(
+    client: Client, tq: str, mode: str, m: int, timeout: float
+) -> dict[str, Any]:
+    """``m`` one-call workflows started at once: calls/s to the last result, and what failed
+    (a workflow that failed, or was not done within ``timeout``, is not counted as done)."""
+    from exactcall.activities import _budget as batcher
+
+    before = dict(batcher.STATS)
+    wids = [f"bench-at-once-{mode}-{uuid.uuid4().hex[:8]}-{i}" for i in range(m)]
+    waits = asyncio.Semaphore(400)  # never thousands of result long-polls at once
+    t0 = time.perf_counter()
+    handles = await asyncio.gather(
+        *(
+            client.start_workflow(ExactCalls.run, args=[1, MODES[mode]], id=w, task_queue=tq)
+            for w in wids
+        )
+    )
+
+    async def result(h: Any) -> str:
+        async with waits:
+            try:
+                await h.result()
+                return "done"
+            except Exception as exc:  # a failed workflow: what reached the call
+                return type(exc).__name__
+
+    try:
+        outcomes = await asyncio.wait_for(asyncio.gather(*(result(h) for h in handles)), timeout)
+        wall = time.perf_counter() - t0
+    except TimeoutError:
+        outcomes, wall = [], float("nan")
+        for h in handles:
+            with contextlib.suppress(Exception):
+                await h.terminate("bench round timed out")
+    done = sum(1 for o in outcomes if o == "done")
+    return {
+        "workflows": m,
+        "done": done,
+        "failed": len(outcomes) - done,
+        "timed_out": m if not outcomes else 0,
+        "seconds": round(wall, 3),
+        "calls_per_s": round(done / wall, 1) if outcomes else 0.0,
+        "ledger_rpcs": {k: v - before.get(k, 0) for k, v in batcher.STATS.items()},
+    }
+
+
+async def concurrent_phase(client: Client, tq: str, args: argparse.Namespace) -> dict[str, Any]:
+    """``--concurrent`` one-call workflows at once per mode, ABBA over ``--concurrent-rounds``
+    (median calls/s), then ``--callers`` budgeted callers at once (and as many without)."""
+    rounds: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    for i in range(args.concurrent_rounds):
+        for mode in abba(i):
+            r = await at_once(client, tq, mode, args.concurrent, args.round_timeout)
+            rounds[mode].append(r)
+            print(f"    {mode} x{args.concurrent}: {json.dumps(r)}", flush=True)
+    med = {m: statistics.median(r["calls_per_s"] for r in v) for m, v in rounds.items()}
+    out: dict[str, Any] = {
+        "rounds": rounds,
+        "calls_per_s_median": med,
+        "throughput_ratio": round(med["budgeted"] / med["plain"], 3) if med["plain"] else None,
+    }
+    if args.callers:
+        big: dict[str, Any] = {}
+        for mode in ("plain", "budgeted"):
+            big[mode] = await at_once(client, tq, mode, args.callers, args.round_timeout)
+            print(f"    {mode} x{args.callers}: {json.dumps(big[mode])}", flush=True)
+        out["callers"] = big
+    return out
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--calls", type=int, default=50, help="sequential calls per workflow")
     ap.add_argument("--rounds", type=int, default=8, help="ABBA rounds of sequential calls")
     ap.add_argument("--latency-n", type=int, default=60, help="one-call workflows per mode")
+    ap.add_argument("--concurrent", type=int, default=200, help="one-call workflows at once")
+    ap.add_argument("--concurrent-rounds", type=int, default=4, help="ABBA rounds of those")
+    ap.add_argument("--callers", type=int, default=1000, help="budgeted callers at once")
+    ap.add_argument("--round-timeout", type=float, default=180.0, help="seconds per round")
+    ap.add_argument("--skip-sequential", action="store_true", help="concurrent phase only")
     ap.add_argument("--address", help="an existing server instead of the embedded one")
     ap.add_argument("--json", type=Path, help="where to write the numbers")
     return ap.parse_args(argv)

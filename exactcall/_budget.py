@@ -29,11 +29,13 @@ if TYPE_CHECKING:
     from ._model import Intent
 
 __all__ = [
+    "BatchAnswer",
     "Budget",
     "BudgetExceeded",
     "BudgetView",
     "Charge",
     "ChargeAnswer",
+    "ChargeBatch",
     "ChargeOp",
     "LedgerInput",
     "charge_op",
@@ -217,6 +219,9 @@ class ChargeOp(BaseModel):
     window: str = "all"
     overrun_approved_by: tuple[str, ...] | None = None
     """A person's yes to passing the limit: the reservation is made whatever is left."""
+    settles: tuple[ChargeOp, ...] = ()
+    """Spends of the run's earlier done calls, carried by this operation (sent to their
+    ledgers before it; each is idempotent by its key)."""
 
 
 def charge_op(b: Budget, intent: Intent, measure: float, window: str) -> ChargeOp:
@@ -254,6 +259,21 @@ class ChargeAnswer(BaseModel):
     reserved: float = 0.0
     limit: float = 0.0
     window: str = "all"
+
+
+class ChargeBatch(BaseModel):
+    """One process's operations on one ledger, in the order they are applied."""
+
+    model_config = _LEDGER_WIRE
+
+    ops: list[ChargeOp]
+
+
+class BatchAnswer(BaseModel):
+    model_config = _LEDGER_WIRE
+
+    answers: list[ChargeAnswer]
+    """One per operation of the batch, in its order."""
 
 
 class LedgerInput(BaseModel):

@@ -41,6 +41,7 @@ from exactcall.activities import (
 )
 from exactcall.workflows import BudgetLedger, CallRecord, Reconcile, UndoRun
 
+from ._budget_worker import ledger_worker
 from ._converter import ModelsAsPydantic, models_as_pydantic
 from ._errors import ExactcallError
 from ._tool import Tool, registered_tools, same_names
@@ -196,11 +197,18 @@ class Plugin(SimplePlugin):
             signed = self.workflow_config.verifier is not None
             for warning in unsigned_identity_warnings(self.tools, signed):
                 log.warning("approvals.unsigned_identities", warning=warning)
-        if self._mcp is None:
+        async with contextlib.AsyncExitStack() as stack:
+            if client is not None and self._parts.workflows and self._budgeted():
+                # ledgers run on a queue of their own, polled beside every budgeted worker
+                await stack.enter_async_context(ledger_worker(client))
+            if self._mcp is not None:
+                await stack.enter_async_context(
+                    self._mcp.running(self.tools if client is not None else ())
+                )
             yield
-            return
-        async with self._mcp.running(self.tools if client is not None else ()):
-            yield
+
+    def _budgeted(self) -> bool:
+        return any(t.options.budgets for t in self.tools)
 
     def configure_client(self, config: ClientConfig) -> ClientConfig:
         plugins = list(config.get("plugins") or [])

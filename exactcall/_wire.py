@@ -298,6 +298,18 @@ polls it (a small worker of its own), so a ledger outlives any caller's task que
 BUDGET_SPENDS_CARRIED = "exactcall.budget-spends-carried"
 """Patch: a done call's spend is carried by the run's next reservation, or sent when the run's
 code ends, instead of at once (one ledger Update per call instead of an Update and a signal)."""
+BUDGET_BATCH_UPDATE = "exactcall.budget.batch"
+"""Every operation a worker process has for one ledger at a time, as one Update (reservations
+and settles, answered in order): one Update in flight per process and ledger, however many
+calls wait (Temporal refuses more than 10 in flight per workflow)."""
+BUDGET_BATCH_SIGNAL = "exactcall.budget.settle-batch"
+"""Settles only (nothing to answer): one signal for all a process has for one ledger."""
+BUDGET_TASK_QUEUE = "exactcall-budgets"
+"""Where a ledger started by this version runs: every worker that runs budgeted calls' workflows
+polls it (a small worker of its own), so a ledger outlives any caller's task queue."""
+BUDGET_SPENDS_CARRIED = "exactcall.budget-spends-carried"
+"""Patch: a done call's spend is carried by the run's next reservation, or sent when the run's
+code ends, instead of at once (one ledger Update per call instead of an Update and a signal)."""
 BUDGETS_PATCH = "exactcall.budgets"
 """Marks runs whose budgeted calls reserve (a tool that gains budgets= keeps old runs replaying)."""
 

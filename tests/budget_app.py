@@ -3,6 +3,7 @@ budget's ledger lives as long as the server)."""
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from typing import Any
 
@@ -78,4 +79,15 @@ late = exactcall.Budget("test-late", limit=1000, measure="amount")
 @exactcall.tool(budgets=[late], provider_idempotent=True, heartbeat_timeout=FAST)
 def budget_late(bank: str, amount: int, to: str) -> dict[str, Any]:
     """tests/budget_v1.py's tool after the deploy that gave it a budget."""
+    return post(bank, "/payments", {"amount": amount, "to": to}, exactcall.idempotency_headers())
+
+
+LOAD_CALLS = int(os.environ.get("EXACTCALL_LOAD_CALLS", "100"))
+"""Calls of tests/test_budgets.py's load test (500 for the issue's full figure: a bench run)."""
+load = exactcall.Budget("test-load", limit=LOAD_CALLS * 4, measure="amount")
+
+
+@exactcall.tool(budgets=[load], provider_idempotent=True, heartbeat_timeout=FAST)
+def load_refund(bank: str, amount: int, to: str) -> dict[str, Any]:
+    """Calls of 10 against a limit of 4 per call: exactly 40% of them run."""
     return post(bank, "/payments", {"amount": amount, "to": to}, exactcall.idempotency_headers())

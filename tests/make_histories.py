@@ -131,8 +131,8 @@ async def main() -> None:
             for name in ("refused_before_recorded", "refused_recorded"):
                 if wanted(name):
                     await _save_budget_refused(client, bank, name)
-            if wanted("settled_at_once", "ledger_updates"):
-                await _save_budget_settled(client, bank)
+            if wanted("spends_carried", "ledger_batches"):
+                await _save_budget_settled(client, bank, "spends_carried", "ledger_batches")
             if wanted("cli_undo_keys_of_the_run"):
                 await _save_cli_undo(client, bank)
             if wanted("proxy_owned_call", "proxy_owned_unknown"):
@@ -285,12 +285,15 @@ async def _save_budget_refused(client: Client, bank: Bank, name: str) -> None:
     await _save(client, h.id, f"budget/{name}")
 
 
-async def _save_budget_settled(client: Client, bank: Bank) -> None:
+async def _save_budget_settled(client: Client, bank: Bank, caller: str, ledger: str) -> None:
     """Three calls on the budget ``test-refunds``: two done, one that fails without running
     (released). ``budget/settled_at_once`` is the caller as recorded when every reservation
     was its own Update and every outcome settled at once (a local activity each);
     ``budget/ledger_updates`` is the ledger of that shape (one Update per reservation, one
-    signal per settle, on its first caller's task queue)."""
+    signal per settle, on its first caller's task queue): keep both as they are.
+    ``budget/spends_carried`` and ``budget/ledger_batches`` are the same run since
+    ``exactcall.budget-spends-carried`` (the first spend carried by the second reservation,
+    the last sent when the run's code ended; the ledger takes batches)."""
     import tests.budget_app  # noqa: F401  (its tools)
     from exactcall._wire import budget_id
 
@@ -301,11 +304,11 @@ async def _save_budget_settled(client: Client, bank: Bank) -> None:
     )
     async with build_worker(client, "histories-budget", [Agent]):
         h = await client.start_workflow(
-            Agent.run, calls, id="hist-settled-at-once", task_queue="histories-budget"
+            Agent.run, calls, id=f"hist-{caller}", task_queue="histories-budget"
         )
         await h.result()
-    await _save(client, h.id, "budget/settled_at_once")
-    await _save(client, budget_id("test-refunds"), "budget/ledger_updates")
+    await _save(client, h.id, f"budget/{caller}")
+    await _save(client, budget_id("test-refunds"), f"budget/{ledger}")
 
 
 async def _save_cli_undo(client: Client, bank: Bank) -> None:

@@ -408,6 +408,66 @@ async def _cli_lists_budgets_and_charges(server: DevServer) -> None:
     assert missing.returncode == 2 and "no running ledger of budget 'no-such'" in missing.stderr
 
 
+async def test_calls_at_once_run_exactly_to_the_limit_with_a_worker_killed_mid_run(
+    client: Client, bank: Bank, who: str, tq: str, worker_process: Callable[..., WorkerProcess]
+) -> None:
+    # n one-call workflows at once (100 here; EXACTCALL_LOAD_CALLS=500 is the figure),
+    # each a refund of 10 against a limit of 4n, on two workers; A is SIGKILLed once a tenth
+    # of the refunds reached the bank. Exactly 0.4n run; the rest wait with the budget's
+    # reason; what the ledger says is spent is what the bank holds
+    n = budget_app.LOAD_CALLS
+    limit, runs = 4 * n, 4 * n // 10
+    a = worker_process(tq, tools=BUDGET_TOOLS)
+    b = worker_process(tq, tools=BUDGET_TOOLS)
+    await a.started()
+    await b.started()
+    prefix = f"load-{uuid.uuid4().hex[:6]}-"
+    handles = await asyncio.gather(
+        *(
+            start_agent(client, tq, plan(step("load_refund", bank.url, 10, who)), f"{prefix}{i}")
+            for i in range(n)
+        )
+    )
+    await eventually(lambda: _paid(bank, who), lambda c: c >= runs // 4, timeout=60 + n)
+    a.kill()
+    waiting = await eventually(
+        lambda: approvals.list_pending(client),
+        lambda reqs: len([r for r in reqs if r.workflow_id.startswith(prefix)]) == n - runs,
+        timeout=60 + n,
+    )
+    waiting = [r for r in waiting if r.workflow_id.startswith(prefix)]
+    for r in waiting:
+        [why] = r.reasons
+        m = re.fullmatch(
+            rf"budget test-load: (\d+) spent(?:, (\d+) reserved)?, this call 10, limit {limit}",
+            why,
+        )
+        assert m is not None, why
+        assert int(m.group(1)) + int(m.group(2) or 0) == limit, why
+    v = await eventually(  # every run that paid has ended: its spend is in the ledger
+        lambda: view(client, "test-load"),
+        lambda v: [w.reserved for w in v.windows] == [0.0],
+        timeout=60 + n,
+    )
+    assert bank.count(to=who) == runs
+    assert sum(p["amount"] for p in bank.payments() if p["to_account"] == who) == limit
+    assert [(w.spent, w.reserved, w.calls) for w in v.windows] == [(float(limit), 0.0, runs)]
+    for r in waiting:
+        res = await approvals.deny(client, r.workflow_id, r.step, args_hash=r.args_hash, by="ops")
+        assert res.accepted, res.outcome
+    outs = [await h.result() for h in handles]
+    assert sorted(o[0].get("error") or "ok" for o in outs) == (
+        ["ApprovalDenied"] * (n - runs) + ["ok"] * runs
+    )
+    v = await view(client, "test-load")
+    assert [(w.spent, w.reserved, w.calls) for w in v.windows] == [(float(limit), 0.0, runs)]
+    assert bank.count(to=who) == runs
+
+
+async def _paid(bank: Bank, who: str) -> int:
+    return bank.count(to=who)
+
+
 async def test_a_history_from_before_the_tool_had_budgets_replays() -> None:
     # recorded by tests/budget_v1.py (no budgets=); budget_app's budget_late has one now: the
     # recorded call took the path without reservations (BUDGETS_PATCH), and replays so
@@ -450,11 +510,15 @@ async def test_a_call_in_flight_across_the_deploy_finishes_once_uncharged(
     assert bank.count(to=who) == 2
 
 
-@pytest.mark.parametrize("name", ["settled_at_once", "ledger_updates"])
-async def test_runs_and_ledgers_of_one_update_per_reservation_replay(name: str) -> None:
-    # recorded when every reservation was its own Update and every outcome settled at once:
-    # the caller (two done calls, one released) and its ledger replay on today's code
+@pytest.mark.parametrize(
+    "name", ["settled_at_once", "ledger_updates", "spends_carried", "ledger_batches"]
+)
+async def test_runs_and_ledgers_of_both_reservation_paths_replay(name: str) -> None:
+    # settled_at_once and ledger_updates: recorded when every reservation was its own Update
+    # and every outcome settled at once; spends_carried and ledger_batches: the same run since
+    # exactcall.budget-spends-carried (batched operations, a spend carried by the next
+    # reservation). Callers (two done calls, one released) and ledgers replay on today's code
     path = ROOT / "tests" / "histories" / "budget" / f"{name}.json"
     [report] = await replay_histories([path], [Agent])
     assert report.ok, report.problems
-    assert report.calls == (3 if name == "settled_at_once" else 0)
+    assert report.calls == (0 if name.startswith("ledger") else 3)

@@ -26,30 +26,46 @@ from temporalio.exceptions import ApplicationError
 
 from exactcall._budget import (
     KEY_PREFIX,
+    BatchAnswer,
     Budget,
     BudgetView,
     Charge,
     ChargeAnswer,
+    ChargeBatch,
     ChargeOp,
     LedgerInput,
+    WindowTotals,
     charge_op,
     settle_charges,
-    totals,
     window_end,
 )
 from exactcall._model import Intent
 from exactcall._tool import Tool
 from exactcall._wire import (
     BUDGET_ACTIVITY,
+    BUDGET_BATCH_SIGNAL,
+    BUDGET_BATCH_UPDATE,
     BUDGET_MEMO,
     BUDGET_OVER,
     BUDGET_RESERVE_UPDATE,
     BUDGET_SETTLE_SIGNAL,
+    BUDGET_SPENDS_CARRIED,
     BUDGET_STATE_QUERY,
     BUDGET_WORKFLOW,
 )
 
-__all__ = ["BudgetLedger", "Held", "reserve_for", "reserve_overruns", "settle_for", "settle_intent"]
+from ._state import WorkflowState, state
+
+__all__ = [
+    "BudgetLedger",
+    "Held",
+    "reserve_for",
+    "reserve_overruns",
+    "send_spends",
+    "settle_for",
+    "settle_intent",
+    "spend_for",
+]
 
 IDLE = timedelta(days=7)
 OVER = BUDGET_OVER  # the validator's refusal (what the activity turns into ok=False)
@@ -62,7 +78,10 @@ class BudgetLedger:
         # set before any Update is handled: the first reservation comes with the start
         self._inp: LedgerInput | None = inp
         self._limit = inp.limit
-        self._charges: dict[str, Charge] = {c.key: c for c in inp.charges}
+        self._charges: dict[str, Charge] = {}
+        self._sums: dict[str, list[float]] = {}  # window -> [spent, reserved] of _charges
+        for c in inp.charges:
+            self._put(c)
         self._spent_keys = {k for keys in inp.spent_keys.values() for k in keys}
         self._touched = 0
         self._last_change = workflow.now()
@@ -141,15 +160,44 @@ class BudgetLedger:
             }
         )
 
+    def _put(self, c: Charge) -> None:
+        """Record ``c`` (new, or in place of its key's charge), keeping each window's sums
+        (spent, reserved, calls, overruns of the charges held)."""
+        for old, sign in ((self._charges.get(c.key), -1.0), (c, 1.0)):
+            if old is not None and old.state != "released":
+                sums = self._sums.setdefault(old.window, [0.0, 0.0, 0.0, 0.0])
+                sums[0 if old.state == "spent" else 1] += sign * old.measure
+                sums[2] += sign
+                sums[3] += sign * old.overrun
+        self._sums.setdefault(c.window, [0.0, 0.0, 0.0, 0.0])  # listed, as totals() does
+        self._charges[c.key] = c
+
+    def _windows(self) -> list[WindowTotals]:
+        """What ``totals`` makes of the charges, from the sums (no walk over the charges)."""
+        assert self._inp is not None
+        out: dict[str, list[float]] = {}
+        for w, t in self._inp.pruned.items():
+            out[w] = [t.get("spent", 0.0), 0.0, t.get("calls", 0.0), t.get("overruns", 0.0)]
+        for w, sums in self._sums.items():
+            row = out.setdefault(w, [0.0, 0.0, 0.0, 0.0])
+            for i, v in enumerate(sums):
+                row[i] += v
+        return [
+            WindowTotals(
+                window=w,
+                spent=t[0],
+                reserved=t[1],
+                limit=self._limit,
+                calls=round(t[2]),
+                overruns=round(t[3]),
+            )
+            for w, t in sorted(out.items())
+        ]
+
     def _used(self, window: str) -> tuple[float, float]:
-        spent = reserved = 0.0
-        for c in self._charges.values():
-            if c.window != window:
-                continue
-            if c.state == "spent":
-                spent += c.measure
-            elif c.state == "reserved":
-                reserved += c.measure
+        """Spent and reserved in ``window`` (kept as sums: a batch of n reservations costs
+        n, not n times the charges)."""
+        spent, reserved = self._sums.get(window, (0.0, 0.0))[:2]
         assert self._inp is not None
         spent += self._inp.pruned.get(window, {}).get("spent", 0.0)
         return spent, reserved
@@ -180,6 +228,41 @@ class BudgetLedger:
         refused = self._refusal(op)
         if refused is not None:  # validated together with another reservation
             raise refused
+        return self._reserve(op)
+
+    @workflow.update(name=BUDGET_BATCH_UPDATE)
+    def batch(self, batch: ChargeBatch) -> BatchAnswer:
+        """Each operation in order: a reservation that would pass the limit is answered
+        ``ok=False`` with the figures (the others of the batch go on)."""
+        answers = []
+        for op in batch.ops:
+            if op.op != "reserve":
+                self.settle(op)
+                answers.append(ChargeAnswer(ok=True, state=op.op, limit=op.limit, window=op.window))
+                continue
+            self._limit = op.limit
+            refused = self._refusal(op)
+            answers.append(self._reserve(op) if refused is None else _refused(refused, op))
+        return BatchAnswer(answers=answers)
+
+    @batch.validator
+    def _validate_batch(self, batch: ChargeBatch) -> None:
+        """A batch of reservations that would all pass the limit writes no history: refused
+        whole, with each one's figures."""
+        figures = []
+        for op in batch.ops:
+            refused = self._refusal(op) if op.op == "reserve" else None
+            if refused is None:
+                return
+            figures.append(refused.details[0])
+        raise ApplicationError("every reservation would pass the limit", figures, type=OVER)
+
+    @workflow.signal(name=BUDGET_BATCH_SIGNAL)
+    def settle_batch(self, batch: ChargeBatch) -> None:
+        for op in batch.ops:
+            self.settle(op)
+
+    def _reserve(self, op: ChargeOp) -> ChargeAnswer:
         if self._summarised(op.key):  # charged once already
             return self._answer(op.window, "spent")
         c = self._charges.get(op.key)
@@ -196,7 +279,7 @@ class BudgetLedger:
                 approved_by=op.overrun_approved_by or (),
                 at=workflow.now(),
             )
-            self._charges[op.key] = c
+            self._put(c)
             self._touched += 1
         return self._answer(c.window, c.state)
 
@@ -213,7 +296,7 @@ class BudgetLedger:
         c = self._charges.get(op.key)
         if c is not None and c.state == "reserved":
             c = c.model_copy(update={"state": "spent" if op.op == "spend" else "released"})
-            self._charges[op.key] = c
+            self._put(c)
             self._touched += 1
 
     def _answer(self, window: str, state: str) -> ChargeAnswer:
@@ -225,15 +308,22 @@ class BudgetLedger:
     @workflow.query(name=BUDGET_STATE_QUERY)
     def state(self, with_charges: bool = False) -> BudgetView:
         assert self._inp is not None
-        charges = list(self._charges.values())
+        charges = list(self._charges.values()) if with_charges else []
         return BudgetView(
             budget=self._inp.budget,
             scope=self._inp.scope,
             limit=self._limit,
             per_seconds=self._inp.per_seconds,
-            windows=totals(charges, self._limit, self._inp.pruned),
+            windows=self._windows(),
             charges=charges if with_charges else [],
         )
+
+
+def _refused(err: ApplicationError, op: ChargeOp) -> ChargeAnswer:
+    f = err.details[0]
+    return ChargeAnswer(
+        ok=False, spent=f["spent"], reserved=f["reserved"], limit=f["limit"], window=op.window
+    )
 
 
 def _suggested(max_events: int) -> bool:
@@ -272,14 +362,20 @@ async def _charge(op: ChargeOp) -> ChargeAnswer:
 
 async def reserve_for(t: Tool, intent: Intent) -> tuple[list[Held], list[Over]]:
     """Reserve the call's measure on each of its tool's budgets. Measures are checked first,
-    so bad input reserves nothing."""
+    so bad input reserves nothing. The first reservation carries the spends the run has not
+    sent yet (BUDGET_SPENDS_CARRIED)."""
     now = workflow.now()
     plan = [(b, b.measure_of(t.name, intent.args)) for b in t.options.budgets]
     held: list[Held] = []
     over: list[Over] = []
+    pending = state().budget_spends
     for b, m in plan:
         op = charge_op(b, intent, m, b.window_of(now))
-        answer = await _charge(op)
+        carried = list(pending)
+        answer = await _charge(op.model_copy(update={"settles": tuple(carried)}))
+        for c in carried:  # in the ledgers now (another flight may have sent them too)
+            if c in pending:
+                pending.remove(c)
         if answer.ok:
             held.append(Held(b, op))
         else:
@@ -307,6 +403,28 @@ async def settle_ops(ops: Sequence[ChargeOp], spent: bool) -> None:
     """Keep (spend) or release the reservations ``ops`` name (as ``settle_charges`` made them)."""
     for op in ops:
         await _charge(op.model_copy(update={"op": "spend" if spent else "release"}))
+
+
+async def spend_for(held: Sequence[Held]) -> None:
+    """The call is done: its reservations are kept. Since BUDGET_SPENDS_CARRIED the spends
+    wait for the run's next reservation (one Update for both) or the end of the run's code;
+    the charge counts against the limit the same whether reserved or spent."""
+    if not held:
+        return
+    if not workflow.patched(BUDGET_SPENDS_CARRIED):
+        await settle_for(held, spent=True)
+        return
+    state().budget_spends.extend(h.op.model_copy(update={"op": "spend"}) for h in held)
+
+
+async def send_spends(st: WorkflowState) -> None:
+    """Send the run's spends that no reservation carried (its code has ended)."""
+    while st.budget_spends:
+        first, *rest = st.budget_spends
+        await _charge(first.model_copy(update={"settles": tuple(rest)}))
+        for c in (first, *rest):
+            if c in st.budget_spends:
+                st.budget_spends.remove(c)
 
 
 async def settle_for(held: Sequence[Held], spent: bool) -> None:

@@ -48,7 +48,7 @@ from exactcall._wire import (
 )
 
 from ._approval_wait import wait_for_approval
-from ._budget import reserve_for, reserve_overruns, settle_for
+from ._budget import reserve_for, reserve_overruns, settle_for, spend_for
 from ._saga_stage import note_done, note_in_doubt
 from ._state import SCHEDULING_A_READ, Flight, cancellation_reaches_calls, state
 from ._unknown import (
@@ -318,7 +318,7 @@ async def _budgeted(t: Tool, intent: Intent, on_unknown: OnUnknown, flight: Flig
     except BaseException:
         await settle_for(held, spent=False)
         raise
-    await settle_for(held, spent=True)
+    await spend_for(held)  # sent with the run's next reservation, or when its code ends
     return result
 
 

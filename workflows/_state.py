@@ -127,6 +127,9 @@ class WorkflowState:
     makes each undo as a call of the undone run: the key the run's own saga would use)."""
     search_attributes_choice: bool | None = None
     """This run's pinned choice (see SEARCH_ATTRIBUTES_ON_PATCH), once made."""
+    budget_spends: list[Any] = field(default_factory=list)
+    """Spends of done calls not sent yet (``ChargeOp``s, see BUDGET_SPENDS_CARRIED): the
+    run's next reservation carries them, or they are sent when the run's code ends."""
 
     def upserts_search_attributes(self) -> bool:
         """Whether this run upserts exactcall's search attributes (pinned at first use)."""
@@ -278,13 +281,24 @@ class _Inbound(WorkflowInboundInterceptor):
     async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
         self._enter()  # in the main task's own context
         try:
-            return await super().execute_workflow(input)
+            result = await super().execute_workflow(input)
         except BaseException as err:
             # a workflow that ends cancelled cancels the calls it still has in flight (in
             # tasks of its own, which its cancellation did not reach) and waits for them
             if self.state is not None and is_cancelled_exception(err):
                 await self.state.cancel_flights()
+            await self._send_spends()
             raise
+        await self._send_spends()
+        return result
+
+    async def _send_spends(self) -> None:
+        """The run's code has ended (returned, failed, continued as new or was cancelled):
+        send the spends no later reservation carried."""
+        if self.state is not None and self.state.budget_spends:
+            from ._budget import send_spends  # (imports this module)
+
+            await send_spends(self.state)
 
     async def handle_signal(self, input: HandleSignalInput) -> None:
         self._enter()  # a handler runs in a task of its own

@@ -115,39 +115,12 @@ class RunCall:
 _FAILED_TYPES = {"IntentConflict": "conflict", "AmbiguousOutcome": "unknown"}
 
 
-@dataclass
-class _Activity:
-    intent: Intent
-    scheduled: datetime
-    activity_id: str
-    attempts: int = 0
-    closed: str | None = None
-    ended_at: datetime | None = None
-    result: Payload | None = None
-    error_type: str | None = None
-    error: str | None = None
-    error_details: tuple[Any, ...] = ()
-
-    @staticmethod
-    def of(c: HistoryCall) -> _Activity:
-        """A call's activity, its closing said as the audit says outcomes."""
-        closed = {"completed": "done", "timed_out": "unknown", "canceled": "cancelled"}.get(
-            c.closed or "", c.closed
-        )
-        if c.closed == "failed":
-            closed = _FAILED_TYPES.get(c.error_type or "", "failed")
-        return _Activity(
-            intent=c.intent,
-            scheduled=c.scheduled_at,
-            activity_id=c.activity_id,
-            attempts=c.attempts,
-            closed=closed,
-            ended_at=c.closed_at,
-            result=c.result,
-            error_type=c.error_type,
-            error=c.error,
-            error_details=c.error_details,
-        )
+def _outcome(c: HistoryCall) -> str:
+    """How a call's activity closed, said as the audit says outcomes."""
+    if c.closed == "failed":
+        return _FAILED_TYPES.get(c.error_type or "", "failed")
+    closed = {"completed": "done", "timed_out": "unknown", "canceled": "cancelled"}
+    return closed.get(c.closed or "", "running")
 
 
 @dataclass
@@ -248,14 +221,13 @@ async def calls_in_history(
         for cid, payload in run.children_completed.items()
         if payload is not None
     }
-    acts = [_Activity.of(c) for c in run.calls]
 
     wid = history.workflow_id
     out: list[RunCall] = []
     if isinstance(owned.input, dict):
         out.append(await owned.call(conv, wid, run_id, workflow_type, namespace))
     by_step: dict[str, RunCall] = {}
-    for act in acts:
+    for act in run.calls:
         i = act.intent
         call = by_step.get(i.step)
         if call is None or call.key != i.key:
@@ -269,7 +241,7 @@ async def calls_in_history(
                 args=dict(i.args),
                 args_hash=i.args_hash,
                 key=i.key,
-                time=act.scheduled,
+                time=act.scheduled_at,
                 outcome="running",
                 intent=i,
             )
@@ -280,14 +252,14 @@ async def calls_in_history(
             # the first one's outcome stands
             continue
         call.attempts += act.attempts
-        call.outcome = act.closed or "running"
-        call.ended_at = act.ended_at
+        call.outcome = _outcome(act)
+        call.ended_at = act.closed_at
         call.result = act.result
         call.error_type, call.error = act.error_type, act.error
         call.error_details = act.error_details
         if i.approval is not None:
             call.needed_approval = True
-            call.approved_by = _approvers(i, decisions, act.scheduled)
+            call.approved_by = _approvers(i, decisions, act.scheduled_at)
     for call in out:
         settled = children.get(call.reconcile_id)
         if call.outcome == "unknown" and isinstance(settled, dict):

@@ -62,6 +62,7 @@ async def main(ns: argparse.Namespace, conn: Any) -> int:
 
     embedded = None
     try:
+        proxies: Any
         try:
             from .mcp import _proxy_settle as proxies
         except ImportError:  # no mcp extra: no proxy ever ran here

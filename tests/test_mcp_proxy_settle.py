@@ -84,9 +84,9 @@ def test_a_bad_size_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None
 
 def _exactcall(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """``python -m exactcall ARGS`` as a person runs it: no Temporal configured, the state
-    folder given with --home."""
+    folder in EXACTCALL_HOME (and ARGS)."""
     return subprocess.run(
-        [sys.executable, "-m", "exactcall", *args, "--home", str(home)],
+        [sys.executable, "-m", "exactcall", *args],
         cwd=ROOT,
         env=proxy_env(home),
         capture_output=True,
@@ -100,10 +100,10 @@ async def test_a_killed_proxys_call_is_listed_and_settled_with_no_proxy_running(
     tmp_path: Path,
 ) -> None:
     """The proxy (on its embedded server) is SIGKILLed mid-write and its server stopped: no
-    proxy and no server run. `exactcall unresolved` starts the server on its database, lists
-    the call, `exactcall resolve --landed` settles it (accepted), and the server stops with
-    the command. A proxy of that name started later gives the client that verdict's result,
-    and nothing was sent again."""
+    proxy and no server run. `exactcall unresolved` (given the server's old address, as the
+    proxy printed it) starts the server on its database and lists the call, `exactcall resolve
+    --landed --home` settles it (accepted), and the server stops with each command. A proxy
+    of that name started later gives the client that verdict's result, nothing sent again."""
     home, effects = tmp_path / "home", tmp_path / "k.effects"
     info = home / "mcp" / "temporal.json"
     args = {"line": "k", "seconds": 1.5}
@@ -117,11 +117,13 @@ async def test_a_killed_proxys_call_is_listed_and_settled_with_no_proxy_running(
                 await eventually(Path(f"{effects}.started").exists)
                 os.killpg(p.pids()[1], signal.SIGKILL)  # the proxy and its server, mid-write
                 await asyncio.wait({pending}, timeout=10)
-        server_pid = json.loads(info.read_text())["pid"]
-        os.kill(server_pid, signal.SIGTERM)  # and the embedded server (a reboot, say)
-        await eventually(lambda: not alive(server_pid), 20)
+        old = json.loads(info.read_text())
+        os.kill(old["pid"], signal.SIGTERM)  # and the embedded server (a reboot, say)
+        await eventually(lambda: not alive(old["pid"]), 20)
 
-        listed = await asyncio.to_thread(_exactcall, home, "unresolved", "--json")
+        # the address a proxy printed, now stale: the server is started again on its database
+        stale = ["unresolved", "--json", "--address", old["address"]]
+        listed = await asyncio.to_thread(_exactcall, home, *stale)
         assert listed.returncode == 0, listed.stderr
         rows = [r for r in json.loads(listed.stdout) if r["kind"] == "unknown_outcome"]
         assert [(r["tool"], r["args"]["tool"]) for r in rows] == [(PROXY_TOOL, "slow_append")], (
@@ -132,10 +134,12 @@ async def test_a_killed_proxys_call_is_listed_and_settled_with_no_proxy_running(
         assert not alive(json.loads(info.read_text())["pid"])  # stopped with the command
 
         landed = ["resolve", wid, step, "--landed", "--result", '"k written"', "--yes"]
-        settled = await asyncio.to_thread(_exactcall, home, *landed)
+        settled = await asyncio.to_thread(_exactcall, home, *landed, "--home", str(home))
         assert settled.returncode == 0, settled.stdout + settled.stderr
         assert "accepted" in settled.stdout
-        after = await asyncio.to_thread(_exactcall, home, "unresolved", "--json")
+        after = await asyncio.to_thread(
+            _exactcall, home, "unresolved", "--json", "--home", str(home)
+        )
         assert [r for r in json.loads(after.stdout) if r["kind"] == "unknown_outcome"] == []
         assert not alive(json.loads(info.read_text())["pid"])
 

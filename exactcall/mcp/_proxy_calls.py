@@ -45,6 +45,8 @@ from exactcall.reconciliation import state as reconciliation_state
 from ._meta import DEDUPLICATED_META
 from ._meta import KEY_META as CLIENT_KEY_META
 from ._proxy_policy import duration_text
+from ._proxy_results import clock as _clock
+from ._proxy_results import tool_error
 from ._proxy_workflow import (
     APPROVED_WORKFLOW,
     DELIVERED_AT,
@@ -70,7 +72,6 @@ from ._proxy_workflow import (
 __all__ = ["Call", "Caller", "Reply", "identity", "tool_error"]
 
 log = structlog.get_logger("exactcall")
-OUTCOME_META = "io.exactcall/outcome"
 MAX_CLIENT_KEY = 200
 WAIT_SLICE = 30.0
 SHORT_SLICE = 2.0
@@ -250,7 +251,7 @@ class Caller:
             outcome = await self._outcome(client, call, inp, wid, ident.reuse, sent_at, own)
         except ApplicationError as err:  # refused by the workflow: another call's identity
             text = f"refused: {err.message}"
-            ids = {"workflow_id": wid, "step": inp.step, "args_hash": inp.args_hash}
+            ids: dict[str, Any] = {"workflow_id": wid, "step": inp.step, "args_hash": inp.args_hash}
             return Reply(tool_error(text, "denied", **ids), "denied", **ids)
         reply = self._render(call, outcome)
         if mode == "retry" and outcome.kind in FINAL and not outcome.released:
@@ -655,7 +656,11 @@ class Caller:
         )
 
     def _render(self, call: Call, o: Outcome) -> Reply:
-        ids = {"args_hash": o.args_hash, "workflow_id": o.workflow_id, "step": o.step}
+        ids: dict[str, Any] = {
+            "args_hash": o.args_hash,
+            "workflow_id": o.workflow_id,
+            "step": o.step,
+        }
         flags = self._cli_flags()
         if o.kind == "done" and o.result is not None:
             result = {"resultType": "complete", **o.result}  # required on 2026-07-28
@@ -700,35 +705,3 @@ class Caller:
 
 async def _no_client() -> Client:
     raise RuntimeError("this proxy has no Temporal client yet")
-
-
-def _clock(at: str | None) -> str:
-    """``2026-12-02T19:03:04+00:00`` -> ``19:03:04 UTC`` (the day too when it is not today)."""
-    if at is None:
-        return "earlier"
-    try:
-        t = datetime.fromisoformat(at)
-    except ValueError:
-        return at
-    today = datetime.now(t.tzinfo).date() == t.date()
-    return t.strftime("%H:%M:%S UTC" if today else "%Y-%m-%d %H:%M:%S UTC")
-
-
-def tool_error(
-    text: str,
-    outcome: str,
-    workflow_id: str | None = None,
-    step: str | None = None,
-    args_hash: str | None = None,
-) -> dict[str, Any]:
-    """An MCP tool error result from the proxy itself."""
-    meta = {OUTCOME_META: outcome}
-    for k, v in (("workflow-id", workflow_id), ("step", step), ("args-hash", args_hash)):
-        if v is not None:
-            meta[f"io.exactcall/{k}"] = v
-    return {
-        "content": [{"type": "text", "text": text}],
-        "isError": True,
-        "resultType": "complete",
-        "_meta": meta,
-    }

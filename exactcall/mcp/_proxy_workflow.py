@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -84,6 +83,7 @@ from exactcall._wire import MCP_PROXY_TOOL_VERSION as PROXY_TOOL_VERSION
 from exactcall._wire import MCP_PROXY_WAIT_UPDATE as WAIT_UPDATE
 from exactcall._wire import MCP_PROXY_WITHDRAW_SIGNAL as WITHDRAW_SIGNAL
 from exactcall._wire import MCP_PROXY_WORKFLOW as WORKFLOW
+from exactcall.mcp._proxy_results import as_result
 from exactcall.workflows._call import intent_of
 from exactcall.workflows._state import state
 from exactcall.workflows._unknown import start_reconciliation
@@ -485,7 +485,7 @@ class ProxyCall:
         )
         by = f"decided by {settled.decided_by}"
         if settled.outcome == "done":
-            return self._make("done", result=_as_result(settled.result, by), message=by)
+            return self._make("done", result=as_result(settled.result, by), message=by)
         if settled.outcome == "abandoned":
             return self._make("abandoned", message=f"abandoned ({by}): {settled.reason}")
         if settled.error_type == "Cancelled" and self._inp.mode is not None:
@@ -517,10 +517,9 @@ class ApprovedProxyCall(ProxyCall):
 
     def _approval_book(self) -> Any:
         """Found here, in the update's task (runs from before the patch: None, as they ran)."""
-        if not workflow.patched(APPROVAL_SEEN):
-            return None
-        with contextlib.suppress(PluginNotInstalled):
-            return state().book
+        if workflow.patched(APPROVAL_SEEN):
+            with contextlib.suppress(PluginNotInstalled):
+                return state().book
         return None
 
 
@@ -530,22 +529,6 @@ def _awaiting_approval() -> bool:
     except PluginNotInstalled:  # an update that came with the start runs before the run does
         return False
     return bool(book.pending())
-
-
-def _as_result(value: Any, by: str) -> dict[str, Any]:
-    """The result of a call settled as landed: a re-run's result, or a person's ``--result
-    JSON``, either a whole tools/call result (``{"content": [...]}``) or a JSON value, sent as
-    text and as structured content (an object as it is, any other value as ``{"result": v}``,
-    the MCP SDK's shape)."""
-    if isinstance(value, dict) and isinstance(value.get("content"), list):
-        return value
-    result: dict[str, Any] = {"isError": False, "resultType": "complete"}
-    if value is None:
-        text = f"the call landed ({by}); no result was recorded"
-    else:
-        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-        result["structuredContent"] = value if isinstance(value, dict) else {"result": value}
-    return {"content": [{"type": "text", "text": text}], **result}
 
 
 def owned_key(namespace: str, workflow_id: str, step: str) -> str:

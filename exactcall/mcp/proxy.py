@@ -32,16 +32,12 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import hashlib
-import json
 import os
-import re
 import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -55,6 +51,8 @@ from exactcall._worker import Connection
 from ._meta import KEY_META, NOT_EXECUTED_META
 from ._proxy_calls import Call, Caller, Reply, tool_error
 from ._proxy_http import HttpUpstream
+from ._proxy_names import NAME as _NAME
+from ._proxy_names import derive_name, derive_url_name
 from ._proxy_policy import Audit, Policy
 from ._proxy_results import fit_to_schema
 from ._proxy_stdio import (
@@ -80,28 +78,6 @@ DRAIN_TIMEOUT = 15.0
 CANCEL_GRACE = 3.0
 """How long a write cancelled after it was sent waits for the server's answer."""
 RETRY_WINDOW = timedelta(minutes=10)
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_LAUNCHERS = {"python", "python3", "node", "npx", "uv", "uvx", "bun", "bunx", "deno", "pipx", "run"}
-
-
-def derive_name(command: list[str]) -> str:
-    """A stable server name from its command: its first meaningful word + a hash of it all."""
-    digest = hashlib.sha256(json.dumps(command).encode()).hexdigest()[:8]
-    words = [Path(command[0]).name, *command[1:]]
-    main = next(
-        (w for w in words if not w.startswith("-") and re.sub(r"[\d.]+$", "", w) not in _LAUNCHERS),
-        words[0],
-    )
-    readable = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(main).name).strip("-.") or "server"
-    return f"{readable[:40]}-{digest}"
-
-
-def derive_url_name(url: str) -> str:
-    """A stable server name from its URL (never its headers): its host + a hash of the URL."""
-    digest = hashlib.sha256(url.encode()).hexdigest()[:8]
-    host = urlsplit(url).hostname or "server"
-    readable = re.sub(r"[^A-Za-z0-9_.-]+", "-", host).strip("-.") or "server"
-    return f"{readable[:40]}-{digest}"
 
 
 def run_proxy(ns: argparse.Namespace, connection: Connection) -> Any:

@@ -197,6 +197,11 @@ class Charge(BaseModel):
     overrun: bool = False
     approved_by: tuple[str, ...] = ()
     at: datetime
+    allowance: bool = False
+    """Not a call's: budget held by one run for its next calls (their charges are taken out
+    of it as they are reported; what is left is released when the run's code ends)."""
+    lease: str = ""
+    """The run's allowance this call was drawn from (its report is then idempotent)."""
 
 
 class ChargeOp(BaseModel):
@@ -222,6 +227,12 @@ class ChargeOp(BaseModel):
     settles: tuple[ChargeOp, ...] = ()
     """Spends of the run's earlier done calls, carried by this operation (sent to their
     ledgers before it; each is idempotent by its key)."""
+    allowance: float = 0.0
+    """A reservation's ask for more, held by the run (key ``lease``) for its next calls."""
+    lease: str = ""
+    """The allowance a call's units were drawn from: a spend or reserve of the call's key
+    takes them out of it (a call charged before is not charged again: they are released);
+    a release whose key is ``lease`` releases what is left of it."""
 
 
 def charge_op(b: Budget, intent: Intent, measure: float, window: str) -> ChargeOp:
@@ -259,6 +270,8 @@ class ChargeAnswer(BaseModel):
     reserved: float = 0.0
     limit: float = 0.0
     window: str = "all"
+    allowance: float = 0.0
+    """What the ledger granted of the reservation's ask (under ``lease``)."""
 
 
 class ChargeBatch(BaseModel):
@@ -293,6 +306,10 @@ class LedgerInput(BaseModel):
     id) is charged once. A closed window's keys are dropped ``IDLE`` after it ends."""
     max_events: int = 2_000
     """Continue as new past this many events (and when Temporal suggests it)."""
+    early: dict[str, str] = {}
+    """Settles that came before their call's charge (a call drawn from a run's allowance whose
+    reconciliation settled it before the run reported the call): key -> spend or release, the
+    call's outcome when its charge comes."""
 
 
 KEY_PREFIX = 32

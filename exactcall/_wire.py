@@ -15,6 +15,7 @@ __all__ = [
     "AWAIT_SETTLED",
     "BUDGETS_PATCH",
     "BUDGET_ACTIVITY",
+    "BUDGET_ALLOWANCES",
     "BUDGET_BATCH_SIGNAL",
     "BUDGET_BATCH_UPDATE",
     "BUDGET_MEMO",
@@ -295,18 +296,11 @@ BUDGET_BATCH_SIGNAL = "exactcall.budget.settle-batch"
 BUDGET_TASK_QUEUE = "exactcall-budgets"
 """Where a ledger started by this version runs: every worker that runs budgeted calls' workflows
 polls it (a small worker of its own), so a ledger outlives any caller's task queue."""
-BUDGET_SPENDS_CARRIED = "exactcall.budget-spends-carried"
-"""Patch: a done call's spend is carried by the run's next reservation, or sent when the run's
-code ends, instead of at once (one ledger Update per call instead of an Update and a signal)."""
-BUDGET_BATCH_UPDATE = "exactcall.budget.batch"
-"""Every operation a worker process has for one ledger at a time, as one Update (reservations
-and settles, answered in order): one Update in flight per process and ledger, however many
-calls wait (Temporal refuses more than 10 in flight per workflow)."""
-BUDGET_BATCH_SIGNAL = "exactcall.budget.settle-batch"
-"""Settles only (nothing to answer): one signal for all a process has for one ledger."""
-BUDGET_TASK_QUEUE = "exactcall-budgets"
-"""Where a ledger started by this version runs: every worker that runs budgeted calls' workflows
-polls it (a small worker of its own), so a ledger outlives any caller's task queue."""
+BUDGET_ALLOWANCES = "exactcall.budget-allowances"
+"""Patch: a run's second and later reservations on a ledger also ask for an allowance (1, 2,
+4 ... 16 more calls' worth, at most a quarter of what is free), from which its next calls
+draw in the workflow, with no ledger round trip; each drawn call is reported with the run's
+spends."""
 BUDGET_SPENDS_CARRIED = "exactcall.budget-spends-carried"
 """Patch: a done call's spend is carried by the run's next reservation, or sent when the run's
 code ends, instead of at once (one ledger Update per call instead of an Update and a signal)."""

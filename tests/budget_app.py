@@ -91,3 +91,14 @@ load = exactcall.Budget("test-load", limit=LOAD_CALLS * 4, measure="amount")
 def load_refund(bank: str, amount: int, to: str) -> dict[str, Any]:
     """Calls of 10 against a limit of 4 per call: exactly 40% of them run."""
     return post(bank, "/payments", {"amount": amount, "to": to}, exactcall.idempotency_headers())
+
+
+ahead = exactcall.Budget("test-ahead", limit=1000, measure="amount")
+
+
+@exactcall.tool(budgets=[ahead], provider_idempotent=True, heartbeat_timeout=FAST)
+def budget_ahead(bank: str, amount: int, to: str, fail: bool = False) -> dict[str, Any]:
+    """Sequential calls of one run: the later ones draw from the run's allowance."""
+    if fail:
+        raise exactcall.NotExecuted("declined before sending", retry=False)
+    return post(bank, "/payments", {"amount": amount, "to": to}, exactcall.idempotency_headers())

@@ -133,6 +133,8 @@ async def main() -> None:
                     await _save_budget_refused(client, bank, name)
             if wanted("spends_carried", "ledger_batches"):
                 await _save_budget_settled(client, bank, "spends_carried", "ledger_batches")
+            if wanted("allowances", "ledger_allowances"):
+                await _save_budget_ahead(client, bank)
             if wanted("cli_undo_keys_of_the_run"):
                 await _save_cli_undo(client, bank)
             if wanted("proxy_owned_call", "proxy_owned_unknown"):
@@ -309,6 +311,23 @@ async def _save_budget_settled(client: Client, bank: Bank, caller: str, ledger: 
         await h.result()
     await _save(client, h.id, f"budget/{caller}")
     await _save(client, budget_id("test-refunds"), f"budget/{ledger}")
+
+
+async def _save_budget_ahead(client: Client, bank: Bank) -> None:
+    """Six sequential calls on ``test-ahead`` (the third fails without happening): the run's
+    later calls draw from its allowance (``exactcall.budget-allowances``). Saved: the caller
+    (``budget/allowances``) and the ledger (``budget/ledger_allowances``)."""
+    import tests.budget_app  # noqa: F401  (its tools)
+    from exactcall._wire import budget_id
+
+    calls = plan(*[step("budget_ahead", bank.url, 5, "gus", fail=(i == 2)) for i in range(6)])
+    async with build_worker(client, "histories-budget", [Agent]):
+        h = await client.start_workflow(
+            Agent.run, calls, id="hist-allowances", task_queue="histories-budget"
+        )
+        await h.result()
+    await _save(client, h.id, "budget/allowances")
+    await _save(client, budget_id("test-ahead"), "budget/ledger_allowances")
 
 
 async def _save_cli_undo(client: Client, bank: Bank) -> None:

@@ -468,6 +468,43 @@ async def _paid(bank: Bank, who: str) -> int:
     return bank.count(to=who)
 
 
+async def test_a_runs_later_calls_draw_from_its_allowance_and_are_charged_once(
+    client: Client, bank: Bank, who: str, tq: str
+) -> None:
+    # twelve sequential calls of one run (the fourth fails without happening): after the
+    # first two, the run asks for an allowance and its next calls draw from it, with no
+    # ledger operation of their own; the ledger ends with each call charged once, nothing
+    # reserved; a re-run of the same workflow id is charged nothing more
+    wid = f"ahead-{uuid.uuid4().hex[:8]}"
+    steps = [step("budget_ahead", bank.url, 5, who, fail=(i == 3)) for i in range(12)]
+    async with running_worker(client, tq):
+        h = await start_agent(client, tq, plan(*steps), wid)
+        out = await h.result()
+        assert [o.get("error") or "ok" for o in out] == ["ok"] * 3 + ["ToolFailed"] + ["ok"] * 8
+        v = await eventually(
+            lambda: view(client, "test-ahead"),
+            lambda v: [w.reserved for w in v.windows] == [0.0],
+            timeout=30,
+        )
+        assert [(w.spent, w.reserved, w.calls) for w in v.windows] == [(55.0, 0.0, 11)]
+        ops = [
+            e.marker_recorded_event_attributes
+            async for e in h.fetch_history_events()
+            if e.HasField("marker_recorded_event_attributes")
+            and e.marker_recorded_event_attributes.marker_name == "core_local_activity"
+        ]
+        assert len(ops) < 8, len(ops)  # 12 calls: far fewer ledger operations
+        again = await start_agent(client, tq, plan(*steps), wid)  # the same id, again
+        assert [o.get("error") or "ok" for o in await again.result()][:3] == ["ok"] * 3
+        v = await eventually(
+            lambda: view(client, "test-ahead"),
+            lambda v: [w.reserved for w in v.windows] == [0.0],
+            timeout=30,
+        )
+    assert [(w.spent, w.reserved, w.calls) for w in v.windows] == [(55.0, 0.0, 11)]
+    assert bank.count(to=who) == 11
+
+
 async def test_a_history_from_before_the_tool_had_budgets_replays() -> None:
     # recorded by tests/budget_v1.py (no budgets=); budget_app's budget_late has one now: the
     # recorded call took the path without reservations (BUDGETS_PATCH), and replays so
@@ -511,7 +548,15 @@ async def test_a_call_in_flight_across_the_deploy_finishes_once_uncharged(
 
 
 @pytest.mark.parametrize(
-    "name", ["settled_at_once", "ledger_updates", "spends_carried", "ledger_batches"]
+    "name",
+    [
+        "settled_at_once",
+        "ledger_updates",
+        "spends_carried",
+        "ledger_batches",
+        "allowances",
+        "ledger_allowances",
+    ],
 )
 async def test_runs_and_ledgers_of_both_reservation_paths_replay(name: str) -> None:
     # settled_at_once and ledger_updates: recorded when every reservation was its own Update
@@ -521,4 +566,4 @@ async def test_runs_and_ledgers_of_both_reservation_paths_replay(name: str) -> N
     path = ROOT / "tests" / "histories" / "budget" / f"{name}.json"
     [report] = await replay_histories([path], [Agent])
     assert report.ok, report.problems
-    assert report.calls == (0 if name.startswith("ledger") else 3)
+    assert report.calls == (0 if name.startswith("ledger") else 6 if name == "allowances" else 3)

@@ -1,33 +1,32 @@
-"""Budgets in workflows: the ledger (a workflow of exactcall's), and what a call does with it.
+"""Budgets in workflows: the ledger, a workflow of exactcall's (what a call does with it is in
+``_budget_calls``).
 
 The ledger holds every charge of one budget (or of one budget and workflow id), by the call's
-key. ``reserve`` is an Update whose validator refuses a reservation that would pass the limit
-(no history is written for a refusal); its handler checks again (two Updates delivered in one
-workflow task are validated before either handler runs) and records the charge. ``settle`` (a
-signal: the caller does not wait for the ledger) marks a charge spent or released. Both are
-idempotent by key. It continues as new before its history grows large, carrying the charges;
-a ledger with nothing reserved and no charge for ``IDLE`` closes (a windowed budget's
-closed windows are then forgotten, which they may be).
-
-A call (``reserve_for``, then ``settle_for``) reaches its ledgers through the
-``exactcall.budget`` local activity: one marker in the caller's history per ledger operation.
+key. A worker process sends it what it has at a time as one ``batch`` Update: reservations,
+each refused (``ok=False`` with the figures) if it would pass the limit, taken in order, and
+settles; a batch whose reservations are all refused is refused by the validator (no history).
+``reserve`` (one reservation per Update) and ``settle`` (a signal) are the earlier protocol,
+still answered. A run's later reservations may also ask for an allowance (budget the run holds
+for its next calls); a call drawn from it is reported with the run's spends, and its units
+move from the allowance to the call's own charge. All of it is idempotent by key. It
+continues as new before its history grows large, carrying the charges; a ledger with nothing
+reserved and no charge for ``IDLE`` closes (a windowed budget's closed windows are then
+forgotten, which they may be).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from dataclasses import dataclass
+import math
 from datetime import timedelta
+from typing import Literal
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 
 from exactcall._budget import (
     KEY_PREFIX,
     BatchAnswer,
-    Budget,
     BudgetView,
     Charge,
     ChargeAnswer,
@@ -35,26 +34,18 @@ from exactcall._budget import (
     ChargeOp,
     LedgerInput,
     WindowTotals,
-    charge_op,
-    settle_charges,
     window_end,
 )
-from exactcall._model import Intent
-from exactcall._tool import Tool
 from exactcall._wire import (
-    BUDGET_ACTIVITY,
     BUDGET_BATCH_SIGNAL,
     BUDGET_BATCH_UPDATE,
     BUDGET_MEMO,
     BUDGET_OVER,
     BUDGET_RESERVE_UPDATE,
     BUDGET_SETTLE_SIGNAL,
-    BUDGET_SPENDS_CARRIED,
     BUDGET_STATE_QUERY,
     BUDGET_WORKFLOW,
 )
-
-from ._state import WorkflowState, state
 
 __all__ = [
     "BudgetLedger",
@@ -68,6 +59,8 @@ __all__ = [
 ]
 
 IDLE = timedelta(days=7)
+EARLY_KEPT = 5_000
+"""Settles that came before their charge, carried over continue-as-new (the newest)."""
 OVER = BUDGET_OVER  # the validator's refusal (what the activity turns into ok=False)
 
 
@@ -83,6 +76,7 @@ class BudgetLedger:
         for c in inp.charges:
             self._put(c)
         self._spent_keys = {k for keys in inp.spent_keys.values() for k in keys}
+        self._early = dict(inp.early)
         self._touched = 0
         self._last_change = workflow.now()
         self._idle = False
@@ -157,6 +151,7 @@ class BudgetLedger:
                 "charges": keep,
                 "pruned": pruned,
                 "spent_keys": spent_keys,
+                "early": dict(list(self._early.items())[-EARLY_KEPT:]),
             }
         )
 
@@ -167,7 +162,7 @@ class BudgetLedger:
             if old is not None and old.state != "released":
                 sums = self._sums.setdefault(old.window, [0.0, 0.0, 0.0, 0.0])
                 sums[0 if old.state == "spent" else 1] += sign * old.measure
-                sums[2] += sign
+                sums[2] += sign * (not old.allowance)
                 sums[3] += sign * old.overrun
         self._sums.setdefault(c.window, [0.0, 0.0, 0.0, 0.0])  # listed, as totals() does
         self._charges[c.key] = c
@@ -236,14 +231,94 @@ class BudgetLedger:
         ``ok=False`` with the figures (the others of the batch go on)."""
         answers = []
         for op in batch.ops:
-            if op.op != "reserve":
+            if _drawn_report(op):
+                self._drawn(op)
+            elif op.lease and op.key == op.lease:
+                self._give_back(op)
+            elif op.op != "reserve":
                 self.settle(op)
-                answers.append(ChargeAnswer(ok=True, state=op.op, limit=op.limit, window=op.window))
+            else:
+                self._limit = op.limit
+                refused = self._refusal(op)
+                answers.append(self._reserve(op) if refused is None else _refused(refused, op))
+                if refused is None and op.allowance > 0 and op.lease:
+                    answers[-1] = self._grant(op, answers[-1])
                 continue
-            self._limit = op.limit
-            refused = self._refusal(op)
-            answers.append(self._reserve(op) if refused is None else _refused(refused, op))
+            answers.append(ChargeAnswer(ok=True, state=op.op, limit=op.limit, window=op.window))
         return BatchAnswer(answers=answers)
+
+    def _grant(self, op: ChargeOp, answer: ChargeAnswer) -> ChargeAnswer:
+        """Hold up to ``op.allowance`` more for the run's next calls: at most a quarter of
+        what is free once this call is reserved (near the limit, nothing: each call then
+        reserves for itself, exactly), and at least one more call's worth."""
+        held = self._charges.get(op.lease)
+        if held is None:
+            spent, reserved = self._used(op.window)
+            grant = min(op.allowance, (op.limit - spent - reserved) / 4)
+            grant = math.floor(grant / op.measure) * op.measure  # whole calls' worth
+            if grant <= 0:
+                return answer
+            held = Charge(
+                key=op.lease,
+                workflow_id=op.workflow_id,
+                step="(allowance)",
+                tool=op.tool,
+                measure=grant,
+                window=op.window,
+                state="reserved",
+                at=workflow.now(),
+                allowance=True,
+            )
+            self._put(held)
+            self._touched += 1
+        if held.state != "reserved":
+            return answer
+        return answer.model_copy(update={"allowance": held.measure})
+
+    def _give_back(self, op: ChargeOp) -> None:
+        """A run gives back ``op.measure`` of its allowance (what it did not draw); one with
+        nothing left is released."""
+        lease = self._charges.get(op.lease)
+        if lease is None or lease.state != "reserved":
+            return
+        left = max(0.0, lease.measure - op.measure)
+        state = "reserved" if left > 0 else "released"
+        self._put(lease.model_copy(update={"measure": left, "state": state}))
+        self._touched += 1
+
+    def _drawn(self, op: ChargeOp) -> None:
+        """A call a run drew from its allowance (``op.lease``), reported: its units move out
+        of the allowance into the call's own charge (reserved, or spent), or are released if
+        the call was charged before (a re-run, a reset) or its settle came first. Reported
+        again (a retried activity), it changes nothing."""
+        c = self._charges.get(op.key)
+        if c is not None and c.lease == op.lease:
+            return
+        lease = self._charges.get(op.lease)
+        if lease is not None and lease.state == "reserved":
+            self._put(lease.model_copy(update={"measure": max(0.0, lease.measure - op.measure)}))
+        self._touched += 1
+        if c is not None:
+            return  # charged before: the units are released
+        first = None if self._summarised(op.key) else self._early.pop(op.key, "")
+        if first is None or first == "release":  # kept (released) so a retry finds it
+            self._put(self._charge(op, "released"))
+            return
+        spent = first == "spend" or op.op == "spend"
+        self._put(self._charge(op, "spent" if spent else "reserved"))
+
+    def _charge(self, op: ChargeOp, state: Literal["reserved", "spent", "released"]) -> Charge:
+        return Charge(
+            key=op.key,
+            workflow_id=op.workflow_id,
+            step=op.step,
+            tool=op.tool,
+            measure=op.measure,
+            window=op.window,
+            state=state,
+            at=workflow.now(),
+            lease=op.lease,
+        )
 
     @batch.validator
     def _validate_batch(self, batch: ChargeBatch) -> None:
@@ -251,7 +326,7 @@ class BudgetLedger:
         whole, with each one's figures."""
         figures = []
         for op in batch.ops:
-            refused = self._refusal(op) if op.op == "reserve" else None
+            refused = self._refusal(op) if op.op == "reserve" and not _drawn_report(op) else None
             if refused is None:
                 return
             figures.append(refused.details[0])
@@ -298,6 +373,8 @@ class BudgetLedger:
             c = c.model_copy(update={"state": "spent" if op.op == "spend" else "released"})
             self._put(c)
             self._touched += 1
+        elif c is None and op.key != op.lease and not self._summarised(op.key):
+            self._early[op.key] = op.op  # its charge may come later, drawn from an allowance
 
     def _answer(self, window: str, state: str) -> ChargeAnswer:
         spent, reserved = self._used(window)
@@ -319,6 +396,11 @@ class BudgetLedger:
         )
 
 
+def _drawn_report(op: ChargeOp) -> bool:
+    """A call drawn from a run's allowance, reported (not a reservation: never refused)."""
+    return bool(op.lease) and op.key != op.lease and op.allowance == 0
+
+
 def _refused(err: ApplicationError, op: ChargeOp) -> ChargeAnswer:
     f = err.details[0]
     return ChargeAnswer(
@@ -331,103 +413,14 @@ def _suggested(max_events: int) -> bool:
     return info.is_continue_as_new_suggested() or info.get_current_history_length() > max_events
 
 
-# -- the calling side ------------------------------------------------------------------------
-@dataclass
-class Held:
-    """A budget a call has reserved on (to spend or release when its outcome is known)."""
-
-    budget: Budget
-    op: ChargeOp
-
-
-@dataclass
-class Over:
-    """A budget the call would pass: what a person is asked about."""
-
-    budget: Budget
-    op: ChargeOp
-    answer: ChargeAnswer
-
-
-async def _charge(op: ChargeOp) -> ChargeAnswer:
-    return await workflow.execute_local_activity(
-        BUDGET_ACTIVITY,
-        op,
-        result_type=ChargeAnswer,
-        start_to_close_timeout=timedelta(seconds=30),
-        retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=5)),
-        summary=f"budget {op.budget}: {op.op} {op.tool} {op.step}",
-    )
-
-
-async def reserve_for(t: Tool, intent: Intent) -> tuple[list[Held], list[Over]]:
-    """Reserve the call's measure on each of its tool's budgets. Measures are checked first,
-    so bad input reserves nothing. The first reservation carries the spends the run has not
-    sent yet (BUDGET_SPENDS_CARRIED)."""
-    now = workflow.now()
-    plan = [(b, b.measure_of(t.name, intent.args)) for b in t.options.budgets]
-    held: list[Held] = []
-    over: list[Over] = []
-    pending = state().budget_spends
-    for b, m in plan:
-        op = charge_op(b, intent, m, b.window_of(now))
-        carried = list(pending)
-        answer = await _charge(op.model_copy(update={"settles": tuple(carried)}))
-        for c in carried:  # in the ledgers now (another flight may have sent them too)
-            if c in pending:
-                pending.remove(c)
-        if answer.ok:
-            held.append(Held(b, op))
-        else:
-            over.append(Over(b, op, answer))
-    return held, over
-
-
-async def reserve_overruns(over: Sequence[Over], approved_by: tuple[str, ...]) -> list[Held]:
-    """A person said yes: reserve each passed budget as an approved overrun."""
-    out = []
-    for o in over:
-        op = o.op.model_copy(update={"overrun_approved_by": approved_by})
-        await _charge(op)
-        out.append(Held(o.budget, op))
-    return out
-
-
-async def settle_intent(t: Tool, intent: Intent, spent: bool) -> None:
-    """Settle the reservations of ``intent`` (a reconciliation's verdict on an unknown
-    outcome): by key, so nothing of the call is needed but its tool's budgets."""
-    await settle_ops(settle_charges(t.options.budgets, intent), spent)
-
-
-async def settle_ops(ops: Sequence[ChargeOp], spent: bool) -> None:
-    """Keep (spend) or release the reservations ``ops`` name (as ``settle_charges`` made them)."""
-    for op in ops:
-        await _charge(op.model_copy(update={"op": "spend" if spent else "release"}))
-
-
-async def spend_for(held: Sequence[Held]) -> None:
-    """The call is done: its reservations are kept. Since BUDGET_SPENDS_CARRIED the spends
-    wait for the run's next reservation (one Update for both) or the end of the run's code;
-    the charge counts against the limit the same whether reserved or spent."""
-    if not held:
-        return
-    if not workflow.patched(BUDGET_SPENDS_CARRIED):
-        await settle_for(held, spent=True)
-        return
-    state().budget_spends.extend(h.op.model_copy(update={"op": "spend"}) for h in held)
-
-
-async def send_spends(st: WorkflowState) -> None:
-    """Send the run's spends that no reservation carried (its code has ended)."""
-    while st.budget_spends:
-        first, *rest = st.budget_spends
-        await _charge(first.model_copy(update={"settles": tuple(rest)}))
-        for c in (first, *rest):
-            if c in st.budget_spends:
-                st.budget_spends.remove(c)
-
-
-async def settle_for(held: Sequence[Held], spent: bool) -> None:
-    """The call's outcome is known: keep (spend) or release each reservation."""
-    for h in held:
-        await _charge(h.op.model_copy(update={"op": "spend" if spent else "release"}))
+# the calling side lives in _budget_calls; its names stay importable from here
+from ._budget_calls import (  # noqa: E402
+    Held,
+    reserve_for,
+    reserve_overruns,
+    send_spends,
+    settle_for,
+    settle_intent,
+    settle_ops,
+    spend_for,
+)

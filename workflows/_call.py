@@ -48,7 +48,7 @@ from exactcall._wire import (
 )
 
 from ._approval_wait import wait_for_approval
-from ._budget import reserve_for, reserve_overruns, settle_for, spend_for
+from ._budget_calls import keep_for, reserve_for, reserve_overruns, settle_for, spend_for
 from ._saga_stage import note_done, note_in_doubt
 from ._state import SCHEDULING_A_READ, Flight, cancellation_reaches_calls, state
 from ._unknown import (
@@ -311,7 +311,8 @@ async def _budgeted(t: Tool, intent: Intent, on_unknown: OnUnknown, flight: Flig
     try:
         result = await _run_tool(t, intent, on_unknown, flight)
     except AmbiguousOutcome:
-        raise  # unknown: kept until its reconciliation settles it
+        keep_for(held)  # unknown: kept until its reconciliation settles it
+        raise
     except (CallAbandoned, ResultNotSerializable):
         await settle_for(held, spent=True)  # it may have happened: the charge stands
         raise

@@ -130,6 +130,10 @@ class WorkflowState:
     budget_spends: list[Any] = field(default_factory=list)
     """Spends of done calls not sent yet (``ChargeOp``s, see BUDGET_SPENDS_CARRIED): the
     run's next reservation carries them, or they are sent when the run's code ends."""
+    budget_allowances: list[Any] = field(default_factory=list)
+    """Budget this run holds for its next calls (``Allowance``s, see BUDGET_ALLOWANCES)."""
+    budget_asks: dict[str, int] = field(default_factory=dict)
+    """Reservations this run made on each ledger (by ledger id): what its next one asks."""
 
     def upserts_search_attributes(self) -> bool:
         """Whether this run upserts exactcall's search attributes (pinned at first use)."""
@@ -294,11 +298,12 @@ class _Inbound(WorkflowInboundInterceptor):
 
     async def _send_spends(self) -> None:
         """The run's code has ended (returned, failed, continued as new or was cancelled):
-        send the spends no later reservation carried."""
-        if self.state is not None and self.state.budget_spends:
-            from ._budget import send_spends  # (imports this module)
+        send the spends no later reservation carried, release what its allowances hold."""
+        st = self.state
+        if st is not None and (st.budget_spends or st.budget_allowances):
+            from ._budget_calls import send_spends  # (imports this module)
 
-            await send_spends(self.state)
+            await send_spends(st)
 
     async def handle_signal(self, input: HandleSignalInput) -> None:
         self._enter()  # a handler runs in a task of its own

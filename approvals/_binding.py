@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict
 
 from exactcall._canonical import canonical_json
 from exactcall._errors import ExactcallError, register_error
-from exactcall._model import FROZEN, ApprovalGrant
+from exactcall._model import FROZEN, ApprovalGrant, CallIdentity
 from exactcall._wire import APPROVALS_QUERY as QUERY
 from exactcall._wire import DECIDE_SIGNAL as DECIDE_SIGNAL
 from exactcall._wire import PENDING_ATTRIBUTE as PENDING_ATTRIBUTE
@@ -71,17 +71,9 @@ class ApprovalMissing(ExactcallError):
     code = "ApprovalMissing"
 
 
-class ApprovalRequest(BaseModel):
+class ApprovalRequest(CallIdentity):
     """A call waiting for a person: exactly what would run."""
 
-    model_config = FROZEN
-
-    workflow_id: str
-    step: str
-    tool: str
-    args: dict[str, Any]
-    args_hash: str
-    key: str
     requested_at: datetime
     expires_at: datetime
     requested_by: str | None = None

@@ -17,6 +17,7 @@ from ._canonical import derive_key
 __all__ = [
     "FROZEN",
     "ApprovalGrant",
+    "CallIdentity",
     "Intent",
     "Owner",
     "RecordEvent",
@@ -28,6 +29,20 @@ __all__ = [
 
 FROZEN = ConfigDict(frozen=True, extra="forbid")
 """exactcall's models: immutable, and an unknown field is an error (not dropped)."""
+
+
+class CallIdentity(BaseModel):
+    """Which call a record is of: the fields every listing of one call starts with (a pending
+    approval, a parked call), in this order, so that they serialize as they always have."""
+
+    model_config = FROZEN
+
+    workflow_id: str
+    step: str
+    tool: str
+    args: dict[str, Any]
+    args_hash: str
+    key: str
 
 
 class ApprovalGrant(BaseModel):

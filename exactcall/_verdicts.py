@@ -25,7 +25,7 @@ from exactcall._wire import reconcile_id as reconcile_id
 
 from ._budget import ChargeOp, settle_charges
 from ._errors import ExactcallError, register_error
-from ._model import FROZEN, Intent
+from ._model import FROZEN, CallIdentity, Intent
 from ._ui import call_summary, intent_details
 from ._wire import CANCELLED_MEMO
 
@@ -158,17 +158,9 @@ class ReconcileInput(BaseModel):
     the tool up in the replaying worker's registry)."""
 
 
-class UnresolvedCall(BaseModel):
+class UnresolvedCall(CallIdentity):
     """A parked call, as listed by ``exactcall unresolved``."""
 
-    model_config = FROZEN
-
-    workflow_id: str
-    step: str
-    tool: str
-    args: dict[str, Any]
-    args_hash: str
-    key: str
     since: datetime
     reason: str
     reconcile_id: str

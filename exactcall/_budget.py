@@ -272,6 +272,8 @@ class ChargeAnswer(BaseModel):
     window: str = "all"
     allowance: float = 0.0
     """What the ledger granted of the reservation's ask (under ``lease``)."""
+    lease: str = ""
+    """The allowance's key (what a replay of the run, or a reset run, draws from)."""
 
 
 class ChargeBatch(BaseModel):

@@ -273,7 +273,7 @@ class BudgetLedger:
             self._touched += 1
         if held.state != "reserved":
             return answer
-        return answer.model_copy(update={"allowance": held.measure})
+        return answer.model_copy(update={"allowance": held.measure, "lease": held.key})
 
     def _give_back(self, op: ChargeOp) -> None:
         """A run gives back ``op.measure`` of its allowance (what it did not draw); one with
@@ -301,7 +301,9 @@ class BudgetLedger:
         if c is not None:
             return  # charged before: the units are released
         first = None if self._summarised(op.key) else self._early.pop(op.key, "")
-        if first is None or first == "release":  # kept (released) so a retry finds it
+        if first is None or (first == "release" and op.op != "spend"):
+            # kept (released) so a retry finds it; a run that reports the call spent knows
+            # it happened (a re-run under the same key), whatever an earlier settle said
             self._put(self._charge(op, "released"))
             return
         spent = first == "spend" or op.op == "spend"

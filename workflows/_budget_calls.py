@@ -152,8 +152,8 @@ async def reserve_for(t: Tool, intent: Intent) -> tuple[list[Held], list[Over]]:
                 pending.remove(c)
         if answer.ok:
             held.append(Held(b, op))
-            if answer.allowance > 0 and ask:
-                lease = str(ask["lease"])
+            lease = answer.lease or str(ask.get("lease", ""))  # its key as the ledger has it
+            if answer.allowance > 0 and lease:
                 st.budget_allowances.append(Allowance(lease, op, answer.allowance))
         else:
             over.append(Over(b, op, answer))

@@ -20,6 +20,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
+from exactcall._canonical import derive_key
 from exactcall._cli import main as cli_main
 from exactcall._server import DevServer
 from exactcall.mcp._proxy_workflow import PROXY_TOOL
@@ -96,14 +97,17 @@ def _exactcall(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.crash
+@pytest.mark.parametrize("verdict", ["--landed", "--not-landed"])
 async def test_a_killed_proxys_call_is_listed_and_settled_with_no_proxy_running(
-    tmp_path: Path,
+    tmp_path: Path, verdict: str
 ) -> None:
     """The proxy (on its embedded server) is SIGKILLed mid-write and its server stopped: no
     proxy and no server run. `exactcall unresolved` (given the server's old address, as the
     proxy printed it) starts the server on its database and lists the call, `exactcall resolve
     --landed --home` settles it (accepted), and the server stops with each command. A proxy
-    of that name started later gives the client that verdict's result, nothing sent again."""
+    of that name started later gives the client that verdict's result, nothing sent again.
+    `--not-landed` is accepted as well, and the next proxy of that name sends the call once
+    more, with the same key; the client's retry gets that result."""
     home, effects = tmp_path / "home", tmp_path / "k.effects"
     info = home / "mcp" / "temporal.json"
     args = {"line": "k", "seconds": 1.5}
@@ -133,8 +137,9 @@ async def test_a_killed_proxys_call_is_listed_and_settled_with_no_proxy_running(
         assert "embedded server" in listed.stderr
         assert not alive(json.loads(info.read_text())["pid"])  # stopped with the command
 
-        landed = ["resolve", wid, step, "--landed", "--result", '"k written"', "--yes"]
-        settled = await asyncio.to_thread(_exactcall, home, *landed, "--home", str(home))
+        given = ["--result", '"k written"'] if verdict == "--landed" else []
+        decide = ["resolve", wid, step, verdict, *given, "--yes", "--home", str(home)]
+        settled = await asyncio.to_thread(_exactcall, home, *decide)
         assert settled.returncode == 0, settled.stdout + settled.stderr
         assert "accepted" in settled.stdout
         after = await asyncio.to_thread(
@@ -144,13 +149,19 @@ async def test_a_killed_proxys_call_is_listed_and_settled_with_no_proxy_running(
         assert not alive(json.loads(info.read_text())["pid"])
 
         async with proxied(tmp_path, name="kept", address=None, **where) as p2:
+            if verdict == "--not-landed":  # the new proxy sends it, once, by itself
+                await eventually(lambda: p2.count("slow_append") == 1)
             again = await p2.client.call_tool("slow_append", args)
     finally:
         with contextlib.suppress(Exception):
             os.kill(json.loads(info.read_text())["pid"], signal.SIGKILL)
     assert not again.is_error and meta(again)[DEDUP] is True, text(again)
-    assert text(again).endswith("k written")
-    assert p2.count("slow_append") == 0  # the person said it landed: never sent again
+    if verdict == "--landed":
+        assert text(again).endswith("k written")
+        assert p2.count("slow_append") == 0  # the person said it landed: never sent again
+    else:
+        assert p2.count("slow_append") == 1 and "slow_append k " in text(again)
+        assert p2.keys("slow_append") == [derive_key("default", wid, step, PROXY_TOOL, "1")]
 
 
 @pytest.mark.crash

@@ -137,6 +137,7 @@ async def driving_proxies(conn: Connection, client: Client) -> AsyncIterator[Non
             await stack.enter_async_context(worker)
         await _caught_up(client, queues)
         yield
+        await _caught_up(client, queues)  # what the command started (a verdict) ends here
 
 
 async def _caught_up(client: Client, queues: list[str]) -> None:

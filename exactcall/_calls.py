@@ -315,7 +315,7 @@ async def with_verdicts(client: Client, calls: Iterable[RunCall]) -> None:
     """Each call whose outcome was unknown gets its reconciliation's verdict (its memo: the
     verdict, the outcome and who gave it); one with no reconciliation (yet) stays unknown."""
     for c in calls:
-        if c.outcome != "unknown":
+        if c.outcome != "unknown" and c.verdict is None:  # (a child's result has no reason)
             continue
         try:
             desc = await client.get_workflow_handle(c.reconcile_id).describe()
@@ -335,6 +335,8 @@ def settle(call: RunCall, settled: dict[str, Any]) -> None:
         return
     by = settled.get("decided_by", settled.get("by"))
     call.verdict = verdict
+    if settled.get("settler_reason"):  # the reason a person gave with the verdict
+        call.reason = str(settled["settler_reason"])
     call.settled_by = by if isinstance(by, str) else None
     call.settled_result = settled.get("result")
     call.outcome = {"done": "done", "failed": "failed", "abandoned": "abandoned"}.get(

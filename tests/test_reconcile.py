@@ -11,6 +11,7 @@ import pytest
 from temporalio.client import Client
 
 from exactcall import reconciliation
+from exactcall._audit import AuditFilter, audit_rows
 from exactcall._server import DevServer
 from exactcall.demo.bank import Bank
 from exactcall.testing import WorkerProcess
@@ -133,6 +134,10 @@ async def test_no_probe_parks_until_a_person_resolves(
         assert bank.count(to=who) == 0
     st = await reconciliation.state(client, row.reconcile_id)
     assert st.settled is not None and st.settled.decided_by == "ops"
+    # the audit shows who settled it and the reason they gave (issue 33 §3)
+    [audited] = [r async for r in audit_rows(client, AuditFilter(workflow=h.id))]
+    assert (audited["verdict"], audited["settled_by"]) == (verdict, "ops")
+    assert audited["reason"] == "checked the ledger"
     # settled: no longer listed; a second verdict is refused with exit 1
     await eventually(
         lambda: reconciliation.list_unresolved(client),

@@ -73,6 +73,8 @@ class Reconcile:
         self._history: list[str] = []
         self._resolutions: list[tuple[Resolution, str]] = []
         self._waiting: Resolution | None = None
+        self._settler_reason: str | None = None
+        """The reason the person gave with the verdict that settled the call (for the audit)."""
         self._parked = False
         self._settled: Settled | None = None
         self._call_cancelled = False
@@ -219,6 +221,7 @@ class Reconcile:
         reconciliation_parked(inp.intent.tool, inp.has_probe)
         await workflow.wait_condition(lambda: self._waiting is not None)
         res, self._waiting = self._waiting, None
+        self._settler_reason = res.reason if res is not None else None
         if res is None:  # cannot happen: the condition above; fail the workflow, not its task
             raise ApplicationError(
                 "exactcall.Reconcile: woke without a resolution", non_retryable=True
@@ -281,9 +284,10 @@ class Reconcile:
         elif s.outcome == "abandoned":
             await self._mark(inp, "abandoned", reason=s.reason)
         self._settled = s
-        workflow.upsert_memo(
-            {VERDICT_MEMO: {"verdict": s.verdict, "outcome": s.outcome, "by": s.decided_by}}
-        )
+        verdict = {"verdict": s.verdict, "outcome": s.outcome, "by": s.decided_by}
+        if self._settler_reason:  # `exactcall resolve --reason`: the audit shows it
+            verdict["settler_reason"] = self._settler_reason
+        workflow.upsert_memo({VERDICT_MEMO: verdict})
         self._note(f"settled: {s.outcome} ({s.verdict}, decided by {s.decided_by})")
         await self._settle_budgets(inp, s)
         if workflow.info().parent is None and (

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -36,6 +37,7 @@ import structlog
 from temporalio import activity
 from temporalio.client import AsyncActivityCancelledError, AsyncActivityHandle
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
 
 from exactcall._canonical import args_hash, derive_key, to_json_value
 from exactcall._context import running
@@ -51,14 +53,18 @@ from exactcall._errors import (
 from exactcall._metrics import observed_attempt
 from exactcall._model import Intent, Owner, RecordEvent, RecordState, WireIntent
 from exactcall._tool import Tool
+from exactcall._undo import is_undo_step
 from exactcall._verdicts import (
     RECONCILE_WORKFLOW,
+    RESOLVE_SIGNAL,
+    STATE_QUERY,
     CallAbandoned,
+    ReconcileState,
+    Resolution,
     reconcile_id,
     reconcile_input,
     reconcile_start_options,
 )
-from exactcall._undo import is_undo_step
 from exactcall._wire import SETTLE_PREFIX, undo_id
 from exactcall.approvals._binding import ApprovalMissing
 
@@ -71,6 +77,12 @@ __all__ = ["tool_activity"]
 
 log = structlog.get_logger("exactcall")
 
+LATE_ATTEMPT = "exactcall (a late attempt)"
+"""Who decided, when a late attempt's recorded result settled a parked call as landed."""
+LATE_TRIES = 10
+"""How many times (every 0.5 s) a late attempt offers its result to the call's
+reconciliation, while there is none yet or it has not parked the call yet (it starts
+"probing", and parks a call without a probe at once)."""
 REPORTED: Any = object()
 """An attempt's return value when it completed its activity itself (by task token)."""
 
@@ -479,6 +491,9 @@ class Attempt:
         reported = self.claimed and not self.cancel.why and await self._report(value)
         if not reported:
             await self._done(value)
+            # late (its claim lost, or its completion refused): the call may be parked
+            if self.claim.lost is not None or (self.claimed and not self.cancel.why):
+                await self._tell_a_parked_reconciliation(value)
         maybe_crash("after_record", self.intent.tool, self.info.attempt, self.intent.step)
         self.log.info("tool.executed")
         return REPORTED if reported else value
@@ -639,6 +654,42 @@ class Attempt:
             # keep the result in this chain's heartbeat so the next attempt can record it
             await self.beat({"phase": "done", "result": value, "unserializable": unserializable})
             raise
+
+    async def _tell_a_parked_reconciliation(self, value: Any) -> None:
+        """This attempt made the call after all, late (its claim was lost, or the server
+        refused its completion): a reconciliation that parked the call for a person meanwhile
+        settles it as landed with this result. The reconciliation takes it only while parked;
+        most late attempts have none (the next attempt then finds the result recorded). A
+        tool with a probe needs none: its reconciliation asks the probe once this attempt
+        can no longer act."""
+        if self.in_reconciliation or self.tool.options.reconcile is not None:
+            return
+        handle = activity.client().get_workflow_handle(reconcile_id(self.intent.key))
+        why = f"attempt {self.info.attempt} made the call after its outcome was unknown"
+        for _ in range(LATE_TRIES):
+            res = Resolution(
+                verdict="landed",
+                result=value,
+                by=LATE_ATTEMPT,
+                reason=why,
+                resolution_id=uuid.uuid4().hex,
+            )
+            try:
+                await durably(handle.signal(RESOLVE_SIGNAL, res), self.cancel.by_worker)
+                await asyncio.sleep(0.5)
+                st = await handle.query(STATE_QUERY, result_type=ReconcileState)
+            except RPCError as exc:
+                if exc.status != RPCStatusCode.NOT_FOUND:
+                    self.log.info("tool.late_result_not_told", error=_describe(exc))
+                    return
+                # none yet: a successor that read the record before this result was on it
+                # may be starting one now
+                await asyncio.sleep(0.5)
+                continue
+            if st.phase != "probing":  # it took it, or was settled otherwise
+                self.log.info("tool.late_result_told", phase=st.phase)
+                return
+        self.log.info("tool.late_result_not_told", error="no parked reconciliation")
 
     async def _finish_recording(self) -> Any:
         """The previous attempt ran the tool but could not write the record: write it now."""

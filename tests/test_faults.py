@@ -18,8 +18,10 @@ from temporalio.client import Client
 import tests.fault_tools  # noqa: F401  (its tools, for the in-process worker)
 from exactcall._model import Owner, RecordEvent
 from exactcall._server import DevServer
+from exactcall._verdicts import Settled, reconcile_id
 from exactcall.activities import Record
 from exactcall.activities._cancelling import FAIL_STOP_EXIT
+from exactcall.activities._runner import LATE_ATTEMPT
 from exactcall.demo.bank import Bank
 from exactcall.reconciliation import list_unresolved
 from exactcall.testing import EffectCounter, FaultProxy, WorkerProcess
@@ -169,7 +171,7 @@ async def test_a_probe_not_landed_re_runs_only_once_the_old_attempt_cannot_act(
 async def test_cut_off_plain_tool_with_a_late_effect_pays_once(scene: Scene) -> None:
     # the late attempt records its result: the call is done by it if the successor looked
     # after it arrived (the cut-off worker's polls, answered once it heals, can delay the
-    # successor), else unknown and listed, and a person's --not-landed is refused
+    # successor); else the call was found unknown and parked, and the late result settles it
     s = scene
     async with faulted(
         s, "fault_book_plain", "partition", seconds=2.0, hold=6.0, on_unknown="raise"
@@ -180,7 +182,12 @@ async def test_cut_off_plain_tool_with_a_late_effect_pays_once(scene: Scene) -> 
             assert out["ok"]["to"] == s.who
         else:
             assert out["error"] == "AmbiguousOutcome", out
-            assert await not_landed_is_refused(s, handle.id, "fault_book_plain#1")
+            [intent] = await scheduled_intents(s.client, handle)
+            rid = reconcile_id(intent.key)
+            rec = s.client.get_workflow_handle(rid, result_type=Settled)
+            settled = await asyncio.wait_for(rec.result(), 30)
+            assert (settled.verdict, settled.decided_by) == ("landed", LATE_ATTEMPT), settled
+            assert settled.result["to"] == s.who
         await asyncio.sleep(1)
         assert s.paid() == 1
 

@@ -145,6 +145,7 @@ async def main() -> None:
             intent = await anext(_intents(client, h.id))
             rec = Record(client, intent)
             await _save(client, rec.id, "call_record")
+        srv.stop()  # os._exit below skips the with block's exit, and would leave it running
     os._exit(0)
 
 

@@ -31,6 +31,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from temporalio.client import AsyncActivityCancelledError
+
 from exactcall._errors import ExactcallError, NotExecuted
 
 __all__ = ["Claim", "check_claim", "check_claim_async", "claim_margin", "clock", "holding"]
@@ -91,6 +93,14 @@ class Claim:
             sent = clock()
             try:
                 await self.check()
+            except AsyncActivityCancelledError as exc:
+                if exc.details is None or not exc.details.cancel_requested:
+                    self.lost = self.lost or f"the server refused the attempt's heartbeat ({exc})"
+                    self._raise_if_lost()
+                self.acked(sent)  # recorded: the claim holds, but the call was cancelled
+                raise NotExecuted(
+                    "the workflow cancelled the call: the tool must not make its effect"
+                ) from None
             except Exception as exc:
                 self.lost = self.lost or f"the server refused the attempt's heartbeat ({exc})"
                 self._raise_if_lost()
@@ -133,7 +143,8 @@ def _current() -> Claim:
 
 def check_claim(timeout: float | None = None) -> float:
     """From a sync tool, right before an irreversible step: raise NotExecuted unless this
-    attempt still holds its claim to run (a heartbeat round trip to the server proves it).
+    attempt still holds its claim to run (a heartbeat round trip to the server proves it), or
+    when the workflow cancelled the call.
 
     Returns how many seconds the claim holds at least. What remains: a pause of the process
     between this check and the effect itself; only a provider that dedupes on the key closes

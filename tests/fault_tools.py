@@ -117,3 +117,16 @@ def claim_left(bank: str, to: str) -> float:
     left = exactcall.check_claim()
     _pay(bank, 1, to)
     return left
+
+
+@exactcall.tool(reconcile=paid_to, heartbeat_timeout=FAST)
+def pay_unless_cancelled(bank: str, amount: int, to: str) -> dict[str, Any]:
+    """Waits (up to 20 s) until its call is cancelled, then checks its claim before paying."""
+    from temporalio import activity
+
+    entered(to)
+    deadline = time.monotonic() + 20
+    while not activity.is_cancelled() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    exactcall.check_claim()
+    return _pay(bank, amount, to)

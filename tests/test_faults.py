@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowFailureError
 
 import tests.fault_tools  # noqa: F401  (its tools, for the in-process worker)
 from exactcall._model import Owner, RecordEvent
@@ -281,3 +281,28 @@ async def test_check_claim_on_a_healthy_worker_says_how_long_the_claim_holds(
     assert 1.0 < out["ok"] <= 1.8, out  # heartbeat timeout 2 s, less a tenth
     with pytest.raises(ExactcallError, match="no exactcall tool call is running here"):
         exactcall.check_claim()
+
+
+async def test_check_claim_in_a_cancelled_call_refuses_and_the_worker_stays_up(
+    scene: Scene,
+) -> None:
+    # the heartbeat's answer says "cancelled", not "lost": NotExecuted, and no fail-stop
+    s = scene
+    a = s.worker(s.server.address, "a")
+    try:
+        await a.started()
+        handle = await start_agent(
+            s.client, s.tq, plan(step("pay_unless_cancelled", s.bank.url, 10, s.who))
+        )
+        await s.until(lambda: s.entered() == 1)
+        await handle.cancel()
+        with pytest.raises(WorkflowFailureError):
+            await asyncio.wait_for(handle.result(), 30)
+        await s.until(lambda: any("tool.not_executed" in line for line in a.log), 10)
+        [line] = [line for line in a.log if "tool.not_executed" in line]
+        assert "the workflow cancelled the call" in line, line
+        assert "lost its claim" not in "".join(a.log), a.tail
+        assert a.proc.poll() is None, a.tail
+        assert s.paid() == 0
+    finally:
+        a.stop()

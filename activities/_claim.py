@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from temporalio.client import AsyncActivityCancelledError
+from temporalio.service import RPCError, RPCStatusCode
 
 from exactcall._errors import ExactcallError, NotExecuted
 
@@ -102,8 +103,15 @@ class Claim:
                     "the workflow cancelled the call: the tool must not make its effect"
                 ) from None
             except Exception as exc:
-                self.lost = self.lost or f"the server refused the attempt's heartbeat ({exc})"
-                self._raise_if_lost()
+                if isinstance(exc, RPCError) and exc.status == RPCStatusCode.NOT_FOUND:
+                    # timed out, or its run closed: handed on for sure
+                    self.lost = self.lost or f"the server no longer knows the attempt ({exc})"
+                    self._raise_if_lost()
+                # not proven, not lost either (a blip): the watchdog still goes by the clock
+                raise NotExecuted(
+                    f"the attempt's claim to run could not be proven ({exc}); the tool must "
+                    "not make its effect now"
+                ) from None
             self.acked(sent)
         self._raise_if_lost()
         return self.expires_at - clock()

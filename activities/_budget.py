@@ -192,7 +192,7 @@ def _aborted(exc: WorkflowUpdateFailedError) -> bool:
     workflow task failed): nothing of it was applied, so it is sent again."""
     cause = exc.cause
     text = str(cause or exc).lower()
-    return "aborted" in text or "continue" in text and "new" in text
+    return "aborted" in text or ("continue" in text and "new" in text)
 
 
 _QUEUES: weakref.WeakKeyDictionary[Client, dict[str, _LedgerQueue]] = weakref.WeakKeyDictionary()

@@ -172,9 +172,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             server.stop()
 
 
-async def at_once(
-    client: Client, tq: str, mode: str, m: int, timeout: float
-) -> dict[str, Any]:
+async def at_once(client: Client, tq: str, mode: str, m: int, timeout: float) -> dict[str, Any]:
     """``m`` one-call workflows started at once: calls/s to the last result, and what failed
     (a workflow that failed, or was not done within ``timeout``, is not counted as done)."""
     from exactcall.activities import _budget as batcher

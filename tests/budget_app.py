@@ -102,3 +102,18 @@ def budget_ahead(bank: str, amount: int, to: str, fail: bool = False) -> dict[st
     if fail:
         raise exactcall.NotExecuted("declined before sending", retry=False)
     return post(bank, "/payments", {"amount": amount, "to": to}, exactcall.idempotency_headers())
+
+
+ahead_unknown = exactcall.Budget("test-ahead-unknown", limit=1000, measure="amount")
+
+
+@exactcall.tool(budgets=[ahead_unknown], provider_idempotent=True, heartbeat_timeout=FAST)
+def ahead_pay(bank: str, amount: int, to: str) -> dict[str, Any]:
+    return post(bank, "/payments", {"amount": amount, "to": to}, exactcall.idempotency_headers())
+
+
+@exactcall.tool(budgets=[ahead_unknown], heartbeat_timeout=FAST)
+def ahead_lost(bank: str, amount: int, to: str) -> dict[str, Any]:
+    """Drawn from the run's allowance (the same ledger as ahead_pay); its answer is lost."""
+    post(bank, "/payments", {"amount": amount, "to": to})
+    raise RuntimeError("connection reset after the request was sent")

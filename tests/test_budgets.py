@@ -505,6 +505,86 @@ async def test_a_runs_later_calls_draw_from_its_allowance_and_are_charged_once(
     assert bank.count(to=who) == 11
 
 
+@pytest.mark.parametrize("verdict", ["landed", "abandon"])
+async def test_a_drawn_call_whose_outcome_is_unknown_stays_reserved_until_its_verdict(
+    client: Client, bank: Bank, who: str, tq: str, verdict: str
+) -> None:
+    # two calls reserve in the ledger (the second asks for an allowance); the third draws
+    # from it, and its answer is lost (unknown; on_unknown="raise", so the run ends): the run
+    # reports it reserved under its own key, gives the rest of its allowance back, and the
+    # verdict settles it like any reserved call
+    wid = f"ahead-unknown-{verdict}-{uuid.uuid4().hex[:6]}"
+    steps = [step("ahead_pay", bank.url, 10, who) for _ in range(2)]
+    steps.append(step("ahead_lost", bank.url, 10, who, on_unknown="raise"))
+    async with running_worker(client, tq):
+        h = await start_agent(client, tq, plan(*steps), wid)
+        out = await h.result()
+        assert [o.get("error") or "ok" for o in out] == ["ok", "ok", "AmbiguousOutcome"]
+        v = await eventually(
+            lambda: view(client, "test-ahead-unknown"),
+            lambda v: (
+                charges(v).get(f"ahead_lost#1@{wid}") == (10.0, "reserved")
+                and charges(v).get(f"(allowance)@{wid}", (0, "released"))[1] == "released"
+            ),
+            timeout=30,
+        )
+        assert charges(v)[f"ahead_pay#2@{wid}"] == (10.0, "spent")
+        row = await eventually(
+            lambda: reconciliation.find(client, wid, "ahead_lost#1"),
+            lambda r: r is not None,
+            timeout=30,
+        )
+        res = await reconciliation.resolve(client, wid, row.step, verdict, by="ops")  # type: ignore[arg-type]
+        assert res.accepted, res.outcome
+        state = "spent"  # landed, or abandoned: it may have happened, the charge stands
+        v = await eventually(
+            lambda: view(client, "test-ahead-unknown"),
+            lambda v: charges(v).get(f"ahead_lost#1@{wid}") == (10.0, state),
+            timeout=30,
+        )
+    mine = [c for c in v.charges if c.workflow_id == wid]
+    assert not [c for c in mine if c.state == "reserved"], mine
+    assert sum(c.measure for c in mine if c.state == "spent") == 30.0
+    assert bank.count(to=who) == 3  # two payments and the one whose answer was lost
+
+
+async def test_a_verdict_that_reaches_the_ledger_before_the_drawn_call_is_reported(
+    client: Client, bank: Bank, who: str, tq: str
+) -> None:
+    # the drawn call's answer is lost and the run goes on to wait for a person (so it reports
+    # nothing yet); the verdict (landed) reaches the ledger first, and is applied when the
+    # run, approved, ends and reports the call
+    wid = f"ahead-early-{uuid.uuid4().hex[:6]}"
+    steps = [step("ahead_pay", bank.url, 10, who) for _ in range(2)]
+    steps.append(step("ahead_lost", bank.url, 10, who, on_unknown="raise"))
+    steps.append(step("transfer", bank.url, 1, who))
+    async with running_worker(client, tq):
+        h = await start_agent(client, tq, plan(*steps), wid)
+        req = await pending_for(client, wid, "transfer#1")
+        row = await eventually(
+            lambda: reconciliation.find(client, wid, "ahead_lost#1"),
+            lambda r: r is not None,
+            timeout=30,
+        )
+        res = await reconciliation.resolve(client, wid, row.step, "landed", by="ops")
+        assert res.accepted, res.outcome
+        # the reconciliation ends once its settle is in the ledger's history (before any
+        # report of the run's): the ledger has no charge of that key yet
+        await client.get_workflow_handle(row.reconcile_id).result()
+        assert f"ahead_lost#1@{wid}" not in charges(await view(client, "test-ahead-unknown"))
+        await approvals.approve(client, wid, req.step, args_hash=req.args_hash, by="ops")
+        out = await h.result()
+        assert [o.get("error") or "ok" for o in out] == ["ok", "ok", "AmbiguousOutcome", "ok"]
+        v = await eventually(
+            lambda: view(client, "test-ahead-unknown"),
+            lambda v: f"ahead_lost#1@{wid}" in charges(v),
+            timeout=30,
+        )
+    assert charges(v)[f"ahead_lost#1@{wid}"] == (10.0, "spent")
+    mine = [c for c in v.charges if c.workflow_id == wid]
+    assert not [c for c in mine if c.state == "reserved"], mine
+
+
 async def test_a_history_from_before_the_tool_had_budgets_replays() -> None:
     # recorded by tests/budget_v1.py (no budgets=); budget_app's budget_late has one now: the
     # recorded call took the path without reservations (BUDGETS_PATCH), and replays so

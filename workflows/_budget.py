@@ -55,6 +55,7 @@ __all__ = [
     "send_spends",
     "settle_for",
     "settle_intent",
+    "settle_ops",
     "spend_for",
 ]
 

@@ -11,7 +11,7 @@ import asyncio
 import inspect
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -245,5 +245,9 @@ def run(ns: argparse.Namespace, connection: Any) -> int:
         print(f"exactcall mcp {ns.mcp_command}: {exc}{hint}", file=sys.stderr)
         return 2
     if inspect.isawaitable(result):
-        result = asyncio.run(result)
+        result = asyncio.run(_awaited(result))
     return int(result)
+
+
+async def _awaited(result: Awaitable[Any]) -> Any:
+    return await result

@@ -62,6 +62,7 @@ from ._proxy_workflow import (
     WITHDRAW_SIGNAL,
     WORKFLOW,
     CallInput,
+    Mode,
     Outcome,
     Report,
     Wait,
@@ -226,7 +227,7 @@ class Caller:
             return Reply(tool_error(text, "denied"), "denied")
         except exactcall.InvalidCall as err:
             return Reply(tool_error(f"{err.message} Nothing was sent.", "denied"), "denied")
-        mode = "key" if ident.keyed else ("window" if call.window else "retry")
+        mode: Mode = "key" if ident.keyed else ("window" if call.window else "retry")
         inp = CallInput(
             server=self.server,
             tool=call.tool,

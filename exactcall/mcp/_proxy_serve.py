@@ -105,8 +105,8 @@ class HttpClient:
 
     def cancel(self, rid: str) -> None:
         """The 2026-07-28 wire's cancel: the client closed the request's stream first."""
-        note = {"jsonrpc": "2.0", "method": "notifications/cancelled"}
-        note["params"] = {"requestId": json.loads(rid), "reason": "the client closed the stream"}
+        params = {"requestId": json.loads(rid), "reason": "the client closed the stream"}
+        note = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params}
         self._inbox.put_nowait(encode(note))
 
     def closed_post(self, rid: str) -> None:

@@ -48,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -624,13 +625,17 @@ class OwnedProxyCall(ProxyCall):
         """Another proxy's caller cancelled; the owner cancels only what no one waits for."""
         self._withdrawn.add(caller)
 
+    def _reported_or_alive_since(self, seen: int) -> bool:
+        """The owner reported, or sent a keepalive after the ``seen``-th."""
+        return self._report is not None or self._alive != seen
+
     async def _call(self, inp: CallInput) -> Outcome:
         seen = -1
         while self._report is None and seen != self._alive:
             seen = self._alive
             with contextlib.suppress(TimeoutError):
                 await workflow.wait_condition(
-                    lambda seen=seen: self._report is not None or self._alive != seen,
+                    partial(self._reported_or_alive_since, seen),
                     timeout=OWNER_LEASE,
                     timeout_summary="the sending proxy's report",
                 )

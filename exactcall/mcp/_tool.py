@@ -21,7 +21,7 @@ import contextlib
 import contextvars
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import structlog
 from mcp import Client, MCPError
@@ -297,7 +297,8 @@ class McpPool:
             )
         _check_required(server, conn.tools[name], arguments)
         try:
-            return await client.call_tool(name, arguments, meta=meta or None)
+            # the SDK types _meta as its own TypedDict; ours is the same mapping
+            return await client.call_tool(name, arguments, meta=cast(Any, meta or None))
         except MCPError as exc:
             if exc.code in (INVALID_PARAMS, METHOD_NOT_FOUND):
                 raise NotExecuted(

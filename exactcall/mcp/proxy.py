@@ -292,7 +292,7 @@ class Proxy:
             return origin.upstream
         open_ = [s.upstream for s in self.sessions if s.upstream.open]
         ready = [u for u in open_ if u.ready.is_set()]
-        return (ready or open_ or [None])[0]
+        return next(iter(ready or open_), None)
 
     async def _execute(
         self, server: str, tool: str, arguments: dict[str, Any], extra: dict[str, Any], key: str
@@ -302,7 +302,7 @@ class Proxy:
         if server != self.name:
             raise exactcall.NotExecuted(f"this proxy serves {self.name!r}, not {server!r}")
         activity.logger.info("mcp_proxy.sending %s", tool)
-        return await self._send(activity.info().workflow_id, tool, arguments, extra, key)
+        return await self._send(activity.info().workflow_id or "", tool, arguments, extra, key)
 
     async def _send(
         self, wid: str, tool: str, arguments: dict[str, Any], extra: dict[str, Any], key: str

@@ -89,6 +89,8 @@ class _LedgerQueue:
         self.loop = asyncio.get_running_loop()
         self.waiting: list[tuple[ChargeOp, asyncio.Future[ChargeAnswer]]] = []
         self.sender: asyncio.Task[None] | None = None
+        self.running = False
+        """The ledger answered this process: a plain Update reaches it (no start with it)."""
 
     async def submit(self, ops: Sequence[ChargeOp]) -> list[ChargeAnswer]:
         futs = []
@@ -150,12 +152,7 @@ class _LedgerQueue:
         )
         STATS["updates"] = STATS.get("updates", 0) + 1
         try:
-            answer = await self.client.execute_update_with_start_workflow(
-                BUDGET_BATCH_UPDATE,
-                ChargeBatch(ops=ops),
-                start_workflow_operation=start,
-                result_type=BatchAnswer,
-            )
+            answer = await self._update(ChargeBatch(ops=ops), start)
         except WorkflowUpdateFailedError as exc:
             cause = exc.cause
             if isinstance(cause, ApplicationError) and cause.type == OVER:  # all refused
@@ -163,6 +160,25 @@ class _LedgerQueue:
                 return [_over(op, f) for op, f in zip(ops, figures, strict=True)]
             raise
         return answer.answers
+
+    async def _update(self, batch: ChargeBatch, start: WithStartWorkflowOperation) -> BatchAnswer:
+        """A plain Update once the ledger has answered this process (cheaper for the server
+        than Update-with-Start); with the start again if it has closed since."""
+        if self.running:
+            try:
+                handle = self.client.get_workflow_handle(self.ledger_id)
+                return await handle.execute_update(
+                    BUDGET_BATCH_UPDATE, batch, result_type=BatchAnswer
+                )
+            except RPCError as exc:
+                if exc.status != RPCStatusCode.NOT_FOUND:
+                    raise
+                self.running = False  # closed (idle): started again with this batch
+        answer = await self.client.execute_update_with_start_workflow(
+            BUDGET_BATCH_UPDATE, batch, start_workflow_operation=start, result_type=BatchAnswer
+        )
+        self.running = True
+        return answer
 
     async def _settle_only(self, ops: list[ChargeOp]) -> list[ChargeAnswer]:
         STATS["signals"] = STATS.get("signals", 0) + 1

@@ -127,7 +127,7 @@ class Plugin(SimplePlugin):
         ``run_claims``: prove once per workflow run that no earlier run of its workflow id
         made calls (one claim record per workflow id), so the run's calls need no per-call
         record; False claims every call with a per-call record, as exactcall 0.1 did (see
-        the README's upgrade notes).
+        docs/upgrading.md, To one claim per run).
         ``fail_stop``: a worker whose attempt lost its claim to run (its heartbeats not
         acknowledged for about a heartbeat timeout: cut off from the server, or frozen) while
         that attempt's sync tool still runs stops its own process (``os._exit``), so that the

@@ -202,6 +202,8 @@ class Charge(BaseModel):
     of it as they are reported; what is left is released when the run's code ends)."""
     lease: str = ""
     """The run's allowance this call was drawn from (its report is then idempotent)."""
+    drawn: float = 0.0
+    """Of an allowance: what the run's reported calls took out of it."""
 
 
 class ChargeOp(BaseModel):

@@ -277,12 +277,14 @@ class BudgetLedger:
         return answer.model_copy(update={"allowance": held.measure, "lease": held.key})
 
     def _give_back(self, op: ChargeOp) -> None:
-        """A run gives back ``op.measure`` of its allowance (what it did not draw); one with
-        nothing left is released."""
+        """A run gives back what it has not drawn of its allowance: ``op.measure`` is all it
+        has drawn from it, so the allowance keeps what of that is not reported yet (given
+        back again, by a retried activity, nothing changes); one that keeps nothing is
+        released."""
         lease = self._charges.get(op.lease)
         if lease is None or lease.state != "reserved":
             return
-        left = max(0.0, lease.measure - op.measure)
+        left = max(0.0, min(lease.measure, op.measure - lease.drawn))
         state = "reserved" if left > 0 else "released"
         self._put(lease.model_copy(update={"measure": left, "state": state}))
         self._touched += 1
@@ -295,14 +297,24 @@ class BudgetLedger:
         c = self._charges.get(op.key)
         if c is not None and c.lease == op.lease:
             return
+        if c is None and self._summarised(op.key):
+            return  # charged before, or this very report before the ledger continued as new:
+            # the units stay in the allowance (never counted twice, at worst held too long)
         lease = self._charges.get(op.lease)
         if lease is not None and lease.state == "reserved":
-            self._put(lease.model_copy(update={"measure": max(0.0, lease.measure - op.measure)}))
+            self._put(
+                lease.model_copy(
+                    update={
+                        "measure": max(0.0, lease.measure - op.measure),
+                        "drawn": lease.drawn + op.measure,
+                    }
+                )
+            )
         self._touched += 1
         if c is not None:
             return  # charged before: the units are released
-        first = None if self._summarised(op.key) else self._early.pop(op.key, "")
-        if first is None or (first == "release" and op.op != "spend"):
+        first = self._early.pop(op.key, "")
+        if first == "release" and op.op != "spend":
             # kept (released) so a retry finds it; a run that reports the call spent knows
             # it happened (a re-run under the same key), whatever an earlier settle said
             self._put(self._charge(op, "released"))

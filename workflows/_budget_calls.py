@@ -55,6 +55,7 @@ class Allowance:
     """The allowance's key in the ledger."""
     ask: ChargeOp
     """The reservation that asked for it (what its release is made from)."""
+    granted: float
     left: float
 
 
@@ -98,9 +99,12 @@ def _draw(st: WorkflowState, op: ChargeOp) -> Allowance | None:
 
 
 def _give_back(a: Allowance) -> ChargeOp:
-    """What gives back the part of ``a`` the run has not drawn."""
+    """What gives back the part of ``a`` the run has not drawn: it says what the run has
+    drawn in all (the ledger keeps what of that it has not been told of yet), so sending it
+    twice gives back nothing more."""
+    drawn = a.granted - a.left
     return a.ask.model_copy(
-        update={"op": "release", "key": a.lease, "lease": a.lease, "measure": a.left}
+        update={"op": "release", "key": a.lease, "lease": a.lease, "measure": drawn}
     )
 
 
@@ -154,7 +158,9 @@ async def reserve_for(t: Tool, intent: Intent) -> tuple[list[Held], list[Over]]:
             held.append(Held(b, op))
             lease = answer.lease or str(ask.get("lease", ""))  # its key as the ledger has it
             if answer.allowance > 0 and lease:
-                st.budget_allowances.append(Allowance(lease, op, answer.allowance))
+                st.budget_allowances.append(
+                    Allowance(lease, op, answer.allowance, answer.allowance)
+                )
         else:
             over.append(Over(b, op, answer))
     return held, over

@@ -23,6 +23,7 @@ import asyncio
 import random
 import weakref
 from collections.abc import Sequence
+from typing import Any
 
 from temporalio import activity
 from temporalio.client import (
@@ -142,7 +143,7 @@ class _LedgerQueue:
         STATS["ops"] = STATS.get("ops", 0) + len(ops)
         if reserve is None:
             return await self._settle_only(ops)
-        start = WithStartWorkflowOperation(
+        start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
             BUDGET_WORKFLOW,
             ledger_input(reserve),
             id=self.ledger_id,

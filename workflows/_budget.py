@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import math
 from datetime import timedelta
+from functools import partial
 from typing import Literal
 
 from temporalio import workflow
@@ -82,6 +83,10 @@ class BudgetLedger:
         self._last_change = workflow.now()
         self._idle = False
 
+    def _woken(self, seen: int, max_events: int) -> bool:
+        """Something changed since ``seen``, the history should continue as new, or idle."""
+        return self._touched != seen or _suggested(max_events) or self._idle
+
     @workflow.run
     async def run(self, inp: LedgerInput) -> None:
         # one timer for the ledger's idleness, not one per workflow task: each would be a
@@ -95,9 +100,7 @@ class BudgetLedger:
                 view = self.state().model_dump(mode="json", exclude={"charges"})
                 workflow.upsert_memo({BUDGET_MEMO: view})
             seen = self._touched
-            await workflow.wait_condition(
-                lambda seen=seen: self._touched != seen or _suggested(inp.max_events) or self._idle
-            )
+            await workflow.wait_condition(partial(self._woken, seen, inp.max_events))
             if self._idle and self._touched == seen:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 if self._touched == seen:

@@ -9,19 +9,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import pydantic
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import (
-    ActivityError,
-    ApplicationError,
     is_cancelled_exception,
 )
-from temporalio.exceptions import CancelledError as ActivityCancelled
-from temporalio.exceptions import TimeoutError as ActivityTimedOut
 from temporalio.workflow import ActivityCancellationType
 
 from exactcall._budget import BudgetExceeded, over_text
@@ -31,50 +26,36 @@ from exactcall._errors import (
     ExactcallError,
     IntentConflict,
     InvalidCall,
-    NotExecuted,
     ResultNotSerializable,
-    ToolFailed,
-    error_from_failure,
 )
 from exactcall._metrics import CALLS, count, observed_approval
 from exactcall._model import Intent
 from exactcall._tool import Tool, resolve_tool
-from exactcall._verdicts import CallAbandoned, CallSpec
+from exactcall._verdicts import CallAbandoned
 from exactcall._wire import (
     BUDGET_REFUSALS_RECORDED,
     BUDGETS_PATCH,
-    READ_PATH_BY_DECLARATION,
     REFUSED_MEMO,
 )
 
 from ._approval_wait import wait_for_approval
 from ._budget_calls import keep_for, reserve_for, reserve_overruns, settle_for, spend_for
 from ._saga_stage import note_done, note_in_doubt
-from ._state import SCHEDULING_A_READ, Flight, cancellation_reaches_calls, state
+from ._schedule import Interrupted, call_activity_id, execute_tool_activity, reads
+from ._state import Flight, cancellation_reaches_calls, state
 from ._unknown import (
     OnUnknown,
     await_verdict,
-    call_spec,
     reconciling,
     settle_activity_id,
     start_reconciliation,
     tell_cancelled,
 )
 
-__all__ = ["call", "call_with", "execute_call_activity", "intent_of"]
+__all__ = ["call", "call_with", "intent_of"]
 
 MAX_KEY_LENGTH = 200
-CRASH_RETRY_INTERVAL = timedelta(milliseconds=200)
-"""Temporal's wait before the attempt that follows a crashed one (it reads the markers and
-settles the call; it does not call the tool blindly)."""
 _WAIT = ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
-_NON_RETRYABLE = [
-    "AmbiguousOutcome",
-    "IntentConflict",
-    "InvalidCall",
-    "ResultNotSerializable",
-    "ApprovalMissing",
-]
 
 
 async def call(
@@ -127,10 +108,10 @@ async def call_with(
     mode: OnUnknown = "wait" if given == "wait" else "raise"
     intent = intent_of(t, args, kwargs or {}, key)
     st = state()
-    if _reads(t):  # cancelled like a plain activity (not awaited)
+    if reads(t):  # cancelled like a plain activity (not awaited)
         try:
             return _typed(t, await _read(t, intent))
-        except _Interrupted as err:
+        except Interrupted as err:
             if cancellation_reaches_calls():
                 raise asyncio.CancelledError(err.message) from None
             raise
@@ -160,17 +141,6 @@ def _refusal(intent: Intent, err: BudgetExceeded, at: datetime) -> dict[str, Any
         "budget": err.fields.get("budget"),
         "message": err.message,
     }
-
-
-def _reads(t: Tool) -> bool:
-    """Whether the workflow runs this call as a read: the tool's declaration, except in
-    histories from before READ_PATH_BY_DECLARATION, where a trusted MCP server's hint to the
-    worker decided (replayed as recorded, on a worker that sees the same hint)."""
-    if t.options.read_only:
-        return True
-    if t.reads_by_hint:
-        return not workflow.patched(READ_PATH_BY_DECLARATION) and t.attempt_reads
-    return False
 
 
 def _conflict(t: Tool, intent: Intent, what: str, recorded_hash: str) -> IntentConflict:
@@ -328,7 +298,7 @@ async def _run_tool(t: Tool, intent: Intent, on_unknown: OnUnknown, flight: Flig
         return await execute_tool_activity(t, intent, cancellation=_WAIT)
     except AmbiguousOutcome as err:
         return await _reconcile(t, intent, err, on_unknown, flight)
-    except (_Interrupted, asyncio.CancelledError):
+    except (Interrupted, asyncio.CancelledError):
         if not flight.cancelled:
             raise
         return await _settle_cancelled(t, intent, flight)
@@ -362,138 +332,12 @@ async def _reconcile(
 async def _settle_cancelled(t: Tool, intent: Intent, flight: Flight) -> Any:
     """The cancelled activity ended with no word from an attempt: read the markers."""
     flight.interruptible = False
-    base = _activity_id(t, intent)
+    base = call_activity_id(t, intent)
     try:
         return await execute_tool_activity(t, intent, settle_activity_id(base), _WAIT)
     except AmbiguousOutcome as err:
         await start_reconciliation(t, intent, err, cancelled=True)
         raise reconciling(err, intent) from None
-
-
-def _activity_id(t: Tool, intent: Intent) -> str:
-    return intent.step if not intent.explicit_key else f"{t.name}[{intent.step}]"
-
-
-async def execute_tool_activity(
-    t: Tool,
-    intent: Intent,
-    activity_id: str | None = None,
-    cancellation: ActivityCancellationType = ActivityCancellationType.TRY_CANCEL,
-) -> Any:
-    """Schedule the tool activity for ``intent``; exactcall errors come back typed.
-
-    ``cancellation``: a call's flight waits for a cancelled attempt to report what the tool
-    did (WAIT_CANCELLATION_COMPLETED); read-only calls and re-runs are cancelled as usual."""
-    if activity_id is None:
-        activity_id = _activity_id(t, intent)
-    if _reads(t):
-        opts = t.options
-        return await _schedule(
-            t.name,
-            intent,
-            activity_id,
-            cancellation,
-            read=True,
-            task_queue=opts.task_queue,
-            start_to_close_timeout=opts.start_to_close_timeout,
-            heartbeat_timeout=opts.heartbeat_timeout,
-            retry_policy=opts.retry_policy,
-        )
-    return await execute_call_activity(call_spec(t), intent, activity_id, cancellation)
-
-
-async def execute_call_activity(
-    spec: CallSpec,
-    intent: Intent,
-    activity_id: str,
-    cancellation: ActivityCancellationType = ActivityCancellationType.TRY_CANCEL,
-) -> Any:
-    """Schedule the (side-effecting) tool activity of ``intent`` as ``spec`` says."""
-    return await _schedule(
-        intent.tool,
-        intent,
-        activity_id,
-        cancellation,
-        read=False,
-        task_queue=spec.task_queue,
-        start_to_close_timeout=spec.start_to_close_timeout,
-        heartbeat_timeout=spec.heartbeat_timeout,
-        retry_policy=_retry_policy(spec),
-    )
-
-
-async def _schedule(
-    name: str,
-    intent: Intent,
-    activity_id: str,
-    cancellation: ActivityCancellationType,
-    *,
-    read: bool,
-    **options: Any,
-) -> Any:
-    # the intent without what the attempt knows from where it runs (WireIntent)
-    task_queue = options.get("task_queue") or workflow.info().task_queue
-    SCHEDULING_A_READ.set(read)  # its header says which it is (for readers of the history)
-    try:
-        handle = workflow.start_activity(
-            name,
-            intent.wire(task_queue),
-            activity_id=activity_id,
-            summary=f"{name} {intent.step} args {intent.args_hash[:12]}",
-            cancellation_type=cancellation,
-            **options,
-        )
-    finally:
-        SCHEDULING_A_READ.set(None)
-    try:
-        return await handle
-    except ActivityError as err:
-        raise _outcome_error(name, intent, err) from err
-
-
-def _retry_policy(spec: CallSpec) -> RetryPolicy:
-    # crashed and timed-out attempts are always followed by one more attempt, which reads the
-    # markers and settles the call; the attempt limit applies to definite failures and is
-    # enforced inside the activity
-    # a definite failure's own backoff is the tool's policy, given per failure by the attempt
-    # (ApplicationError.next_retry_delay); what Temporal applies is the wait after a crash
-    return RetryPolicy(
-        initial_interval=CRASH_RETRY_INTERVAL,
-        backoff_coefficient=spec.backoff_coefficient,
-        maximum_interval=max(spec.maximum_interval or CRASH_RETRY_INTERVAL, CRASH_RETRY_INTERVAL),
-        maximum_attempts=0,
-        non_retryable_error_types=_NON_RETRYABLE,
-    )
-
-
-class _Interrupted(ToolFailed):
-    """The activity was cancelled or timed out without an attempt reporting an outcome."""
-
-
-def _outcome_error(name: str, intent: Intent, err: ActivityError) -> ExactcallError:
-    cause = err.cause
-    fields: dict[str, Any] = {
-        "tool": name,
-        "step": intent.step,
-        "key": intent.key,
-        "args_hash": intent.args_hash,
-    }
-    if isinstance(cause, ActivityCancelled | ActivityTimedOut):
-        return _Interrupted(
-            f"{name} {intent.step} was cancelled before an attempt reported: {cause}", **fields
-        )
-    if isinstance(cause, ApplicationError):
-        rebuilt = error_from_failure(cause)
-        if isinstance(rebuilt, NotExecuted):
-            return ToolFailed(
-                f"{name} {intent.step} failed and did not happen: {cause.message}",
-                **fields,
-                error_type=(rebuilt.fields.get("error_type")),
-            )
-        if rebuilt is not None:
-            return rebuilt
-        return ToolFailed(f"{name} {intent.step} failed: {cause.message}", **fields)
-    return ToolFailed(f"{name} {intent.step} failed: {err}", **fields)
 
 
 def _typed(t: Tool, value: Any) -> Any:

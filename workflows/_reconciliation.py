@@ -51,8 +51,8 @@ from exactcall._wire import TELLS_THE_CALL as TELLS_THE_CALL
 from exactcall._wire import probe_activity_name as probe_activity_name
 
 from ._budget import settle_intent, settle_ops
-from ._call import execute_call_activity
 from ._record import MARK_RECORD, mark_from_workflow
+from ._schedule import execute_call_activity
 from ._state import pinned_search_attributes
 from ._unknown import CANCELLED_ERROR, CANCELLED_MEMO, CANCELLED_SIGNAL, call_spec
 

@@ -282,6 +282,24 @@ async def test_exactcall_undo_and_the_saga_make_one_undo_under_one_key(
     assert bank.count(to=who) == 1
 
 
+async def _through_a_crash(
+    client: Client,
+    worker_process: Callable[..., WorkerProcess],
+    tq: str,
+    crash_at: str,
+    plan: dict[str, Any],
+) -> tuple[str, Any]:
+    """Start a saga on a worker SIGKILLed at ``crash_at``; a second worker takes over."""
+    tools = ["tests.tools", "tests.undo_app"]
+    a = worker_process(tq, crash_at=crash_at, tools=tools)
+    await a.started()
+    wid = f"saga-{uuid.uuid4().hex[:8]}"
+    h = await client.start_workflow(SagaAgent.run, plan, id=wid, task_queue=tq)
+    assert await a.killed() == -9
+    await worker_process(tq, tools=tools).started()
+    return wid, h
+
+
 async def test_an_undo_settled_by_its_probe_after_a_crash_is_not_made_again(
     server: DevServer,
     client: Client,
@@ -292,19 +310,10 @@ async def test_an_undo_settled_by_its_probe_after_a_crash_is_not_made_again(
 ) -> None:
     # issue 33 §1: the saga's undo is cut by a SIGKILL after its effect and settled as landed
     # by its probe; `exactcall undo` afterwards must see it, not refund again
-    tools = ["tests.tools", "tests.undo_app"]
-    a = worker_process(tq, crash_at="saga_charge.undo:after_call:1", tools=tools)
-    await a.started()
-    wid = f"saga-{uuid.uuid4().hex[:8]}"
-    h = await client.start_workflow(
-        SagaAgent.run,
-        {"steps": [step("saga_charge", bank.url, 10, who)], "fail": True},
-        id=wid,
-        task_queue=tq,
+    plan = {"steps": [step("saga_charge", bank.url, 10, who)], "fail": True}
+    wid, h = await _through_a_crash(
+        client, worker_process, tq, "saga_charge.undo:after_call:1", plan
     )
-    assert await a.killed() == -9
-    b = worker_process(tq, tools=tools)
-    await b.started()
     with pytest.raises(WorkflowFailureError):
         await h.result()
     assert len(refunds(bank, who)) == 1
@@ -331,19 +340,8 @@ async def test_a_call_settled_as_landed_is_undone_and_a_read_is_no_failure(
 ) -> None:
     # issue 33 §1: a call whose worker died after the effect, settled landed by its probe, is
     # undone like a done one; a read-only call has nothing to undo and is not a failure
-    tools = ["tests.tools", "tests.undo_app"]
-    a = worker_process(tq, crash_at="saga_charge:after_call:1", tools=tools)
-    await a.started()
-    wid = f"saga-{uuid.uuid4().hex[:8]}"
-    h = await client.start_workflow(
-        SagaAgent.run,
-        {"steps": [step("saga_look", bank.url, who), step("saga_charge", bank.url, 7, who)]},
-        id=wid,
-        task_queue=tq,
-    )
-    assert await a.killed() == -9
-    b = worker_process(tq, tools=tools)
-    await b.started()
+    plan = {"steps": [step("saga_look", bank.url, who), step("saga_charge", bank.url, 7, who)]}
+    wid, h = await _through_a_crash(client, worker_process, tq, "saga_charge:after_call:1", plan)
     await h.result()
     assert bank.count(to=who) == 1 and refunds(bank, who) == []
     out = await asyncio.to_thread(_undo_cli, server, wid, "--yes", "--json")

@@ -168,10 +168,13 @@ class Fleet:
 
 @dataclass
 class ApprovalBot:
-    """Approves every pending ``soak_approved`` call with its exact hash, as a person would
-    after reading it: the hash it sends is recomputed here from the arguments it was shown."""
+    """Approves every pending ``soak_approved`` call of this soak's runs (workflow ids that start
+    with ``tag``) with its exact hash, as a person would after reading it: the hash it sends is
+    recomputed here from the arguments it was shown. Others' pending calls on a shared server
+    are left alone."""
 
     client: Client
+    tag: str
     sent: set[tuple[str, str]] = field(default_factory=set)
     approved: int = 0
     refused: list[str] = field(default_factory=list)
@@ -185,6 +188,8 @@ class ApprovalBot:
             except RPCError:
                 rows = []
             for req in rows:
+                if not req.workflow_id.startswith(f"{self.tag}-"):
+                    continue  # another program's call (a shared server): not the soak's to decide
                 if (req.workflow_id, req.step) not in self.sent:
                     self.sent.add((req.workflow_id, req.step))
                     task = asyncio.ensure_future(self._approve(req))
@@ -287,7 +292,7 @@ async def run_soak(
         attempts_file = Path(tmp) / "attempts.jsonl"
         attempts_file.touch()
         fleet = Fleet(address, tq, cfg, attempts_file, on_start)
-        bot = ApprovalBot(client)
+        bot = ApprovalBot(client, tag)
         stop = asyncio.Event()
         try:
             await fleet.start_all()

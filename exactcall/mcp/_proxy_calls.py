@@ -431,12 +431,13 @@ class Caller:
                 self.send(wid, call.tool, call.arguments, call.extra, key)
             )
         self._owned[call.caller] = sending
+        alives: list[asyncio.Task[None]] = []  # the report goes after them: it is the run's last
         try:
             while not sending.done():
                 await asyncio.wait({sending}, timeout=KEEPALIVE)
                 if not sending.done():
                     alive = handle.signal(OWNER_ALIVE_SIGNAL)
-                    self._later(asyncio.wait_for(alive, REPORT_RPC_TIMEOUT))
+                    alives.append(self._later(asyncio.wait_for(alive, REPORT_RPC_TIMEOUT)))
         except asyncio.CancelledError:  # this proxy stops: report it if it ends in time
             sending.add_done_callback(
                 lambda f: self._later(self._report(wid, self._reported(call, f), None))
@@ -458,6 +459,8 @@ class Caller:
         else:
             answered.set_result(None)
         reporting = self._report(wid, report, answered, started)
+        if alives and not all(a.done() for a in alives):
+            reporting = _after(alives, reporting)
         reported: asyncio.Future[None] = asyncio.ensure_future(reporting)
         self._delivering[wid] = reported  # an identical call from here waits for it
 
@@ -486,7 +489,7 @@ class Caller:
         if self._late:
             await asyncio.wait(set(self._late), timeout=REPORT_WAIT + 3)
 
-    def _later(self, aw: Awaitable[Any]) -> None:
+    def _later(self, aw: Awaitable[Any]) -> asyncio.Task[None]:
         async def quietly() -> None:
             with contextlib.suppress(Exception):
                 await aw
@@ -494,6 +497,7 @@ class Caller:
         task = asyncio.ensure_future(quietly())
         self._late.add(task)
         task.add_done_callback(self._late.discard)
+        return task
 
     @staticmethod
     def _reported(call: Call, sending: asyncio.Future[dict[str, Any]]) -> Report:
@@ -706,3 +710,9 @@ class Caller:
 
 async def _no_client() -> Client:
     raise RuntimeError("this proxy has no Temporal client yet")
+
+
+async def _after(tasks: list[asyncio.Task[None]], then: Awaitable[None]) -> None:
+    """``then`` once ``tasks`` (keepalives still in flight) have ended."""
+    await asyncio.wait(tasks)
+    await then

@@ -48,17 +48,7 @@ from exactcall._wire import (
     BUDGET_WORKFLOW,
 )
 
-__all__ = [
-    "BudgetLedger",
-    "Held",
-    "reserve_for",
-    "reserve_overruns",
-    "send_spends",
-    "settle_for",
-    "settle_intent",
-    "settle_ops",
-    "spend_for",
-]
+__all__ = ["BudgetLedger"]
 
 IDLE = timedelta(days=7)
 EARLY_KEPT = 5_000
@@ -360,17 +350,12 @@ class BudgetLedger:
             return self._answer(op.window, "spent")
         c = self._charges.get(op.key)
         if c is None:
-            c = Charge(
-                key=op.key,
-                workflow_id=op.workflow_id,
-                step=op.step,
-                tool=op.tool,
-                measure=op.measure,
-                window=op.window,
-                state="reserved",
-                overrun=op.overrun_approved_by is not None,
-                approved_by=op.overrun_approved_by or (),
-                at=workflow.now(),
+            c = self._charge(op, "reserved").model_copy(
+                update={
+                    "overrun": op.overrun_approved_by is not None,
+                    "approved_by": op.overrun_approved_by or (),
+                    "lease": "",
+                }
             )
             self._put(c)
             self._touched += 1
@@ -429,16 +414,3 @@ def _refused(err: ApplicationError, op: ChargeOp) -> ChargeAnswer:
 def _suggested(max_events: int) -> bool:
     info = workflow.info()
     return info.is_continue_as_new_suggested() or info.get_current_history_length() > max_events
-
-
-# the calling side lives in _budget_calls; its names stay importable from here
-from ._budget_calls import (  # noqa: E402
-    Held,
-    reserve_for,
-    reserve_overruns,
-    send_spends,
-    settle_for,
-    settle_intent,
-    settle_ops,
-    spend_for,
-)

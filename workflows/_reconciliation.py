@@ -50,7 +50,7 @@ from exactcall._wire import PROBE_PREFIX as PROBE_PREFIX
 from exactcall._wire import TELLS_THE_CALL as TELLS_THE_CALL
 from exactcall._wire import probe_activity_name as probe_activity_name
 
-from ._budget import settle_intent, settle_ops
+from ._budget_calls import settle_intent, settle_ops
 from ._record import MARK_RECORD, mark_from_workflow
 from ._schedule import execute_call_activity
 from ._state import pinned_search_attributes

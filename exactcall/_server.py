@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -74,7 +75,13 @@ def port_open(host: str, port: int) -> bool:
 
 @dataclass
 class DevServer:
-    """A ``temporal server start-dev`` child process."""
+    """A ``temporal server start-dev`` child process.
+
+    A fault for tests: ``kill()`` SIGKILLs it (no shutdown: its database file as a crash
+    leaves it), ``restart()`` starts it again on the same port and database, so clients and
+    workers reconnect to the same address and find their workflows, e.g.
+    ``DevServer(db=tmp / "t.db", port=free_port()).start()``, then ``kill()``, ``restart()``.
+    """
 
     port: int = 0
     ui_port: int | None = None
@@ -188,6 +195,26 @@ class DevServer:
     def wait(self) -> int:
         assert self._proc is not None
         return self._proc.wait()
+
+    def kill(self) -> None:
+        """SIGKILL the server's process group now (a crash); ``restart()`` brings it back."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    def restart(self, timeout: float = 30.0) -> DevServer:
+        """Start the server again on the same port and database file (after ``kill()`` or
+        ``stop()``; a running one is stopped first). Returns once a client can connect."""
+        if self.db is None:
+            raise ValueError(
+                "DevServer.restart() needs db=: a server without a database file loses every "
+                "workflow when it stops; start it with DevServer(db=Path(...))"
+            )
+        if not self.port:
+            raise ValueError("DevServer.restart() of a server that never started: call start()")
+        self.stop()
+        return self.start(timeout)
 
     def stop(self, timeout: float = 10.0) -> None:
         proc, self._proc = self._proc, None

@@ -20,6 +20,8 @@ Fixtures (all prefixed ``exactcall_`` except the two helpers a test calls by nam
 ``FaultProxy(server.address)`` stands between a worker process (started with the proxy's
 ``address``) and the frontend: ``proxy.mode = "blackhole"`` cuts it off (``"pass"`` heals;
 ``"delay"``, ``"drop"``); ``worker.freeze()``/``thaw()`` SIGSTOP/SIGCONT a worker process.
+``DevServer(db=path, port=free_port()).start()`` is a dev server of a test's own, on a
+database file: ``kill()`` SIGKILLs it, ``restart()`` brings it back on the same port and file.
 
 ``assert_replays(histories_dir, workflows=[...])`` replays stored histories and checks every
 call's intent (see ``exactcall replay``). ``assert_same_calls(a, b)`` compares two runs' calls
@@ -45,10 +47,11 @@ import pytest
 from ._faults import FaultProxy
 from ._procs import EFFECTS_ENV, EffectCounter, WorkerProcess, record_effect
 from ._recorded import NotRecorded, RecordedTools, recorded_tools
-from ._server import DevServer
+from ._server import DevServer, free_port
 
 __all__ = [
     "EFFECTS_ENV",
+    "DevServer",
     "EffectCounter",
     "FaultProxy",
     "NotRecorded",
@@ -56,6 +59,7 @@ __all__ = [
     "WorkerProcess",
     "assert_replays",
     "assert_same_calls",
+    "free_port",
     "record_effect",
     "recorded_tools",
 ]

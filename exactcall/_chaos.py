@@ -9,7 +9,8 @@ case happen on purpose and counts the consequences.
 an API (a real one given by ``upstream=``, or a built-in mock). For every *distinct* write
 request (``POST``, ``PUT``, ``PATCH``, ``DELETE``; identity = method + path + canonical
 body) it lets the first attempt execute, then drops the response: it closes the connection
-without answering (``drop-response``) or answers ``502`` (``error-after-commit``). Later
+without answering (``drop-response``), answers ``502`` (``error-after-commit``), or holds the
+answer ``late_by`` seconds, longer than a client's own timeout (``late-response``). Later
 attempts with the same identity pass through. Reads always pass through untouched.
 
 Afterwards :meth:`ChaosProxy.report` says, for each write action, how many times it reached
@@ -45,8 +46,8 @@ from ._serve import ServedHTTP
 __all__ = ["ENV_VAR", "FAULTS", "Action", "ChaosProxy", "ChaosReport", "run_chaos"]
 
 ENV_VAR = "EXACTCALL_CHAOS_URL"
-FAULTS = ("drop-response", "error-after-commit")
-Fault = Literal["drop-response", "error-after-commit"]
+FAULTS = ("drop-response", "error-after-commit", "late-response")
+Fault = Literal["drop-response", "error-after-commit", "late-response"]
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 MAX_BODY_BYTES = 64 << 20
@@ -444,11 +445,18 @@ class ChaosProxy(ServedHTTP):
         host: str = "127.0.0.1",
         port: int = 0,
         timeout: float = 60.0,
+        late_by: float = 30.0,
     ) -> None:
+        """``late_by``: with ``late-response``, how long the first answer is held after the
+        upstream committed (longer than the client's timeout, so it gives up first)."""
         if fault not in FAULTS:
             raise ValueError(f"fault must be one of {', '.join(FAULTS)}, not {fault!r}")
+        if late_by < 0:
+            raise ValueError(f"late_by must be seconds >= 0, not {late_by!r}")
         self.upstream = upstream
         self.fault = fault
+        self.late_by = late_by
+        self._stopping = threading.Event()  # ends the held answers' waits
         self.host = host
         self.port = port
         self.timeout = timeout
@@ -460,7 +468,12 @@ class ChaosProxy(ServedHTTP):
         self._reads = 0
 
     def _make_server(self) -> _Server:
+        self._stopping.clear()
         return _Server((self.host, self.port), self)
+
+    def stop(self) -> None:
+        self._stopping.set()  # (closing waits for every request's thread)
+        super().stop()
 
     def report(self) -> ChaosReport:
         """A snapshot of what the proxy has seen so far."""
@@ -506,6 +519,9 @@ class ChaosProxy(ServedHTTP):
             action.response_dropped = True
         if self.fault == "drop-response":
             return None
+        if self.fault == "late-response":
+            self._stopping.wait(self.late_by)  # (this request's thread) the client gave up
+            return reply
         return _error_reply(
             HTTPStatus.BAD_GATEWAY, "bad_gateway", "exactcall chaos: upstream response lost"
         )
@@ -551,6 +567,7 @@ def run_chaos(
     fault: Fault | str = "drop-response",
     port: int = 0,
     as_json: bool = False,
+    late_by: float = 30.0,
 ) -> int:
     """Run ``command`` behind a :class:`ChaosProxy`, print the report, return the exit code.
 
@@ -562,7 +579,7 @@ def run_chaos(
         print("exactcall chaos: give the command to run after --", file=sys.stderr)
         return 2
     try:
-        proxy = ChaosProxy(upstream, fault=fault, port=port)
+        proxy = ChaosProxy(upstream, fault=fault, port=port, late_by=late_by)
     except ValueError as exc:
         print(f"exactcall chaos: {exc}", file=sys.stderr)
         return 2

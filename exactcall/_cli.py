@@ -218,9 +218,16 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--mock", action="store_true", help="answer with a built-in mock API instead")
     c.add_argument(
         "--fault",
-        choices=["drop-response", "error-after-commit"],
+        choices=["drop-response", "error-after-commit", "late-response"],
         default="drop-response",
         help="how the first response to each write is lost",
+    )
+    c.add_argument(
+        "--late-by",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="late-response: how long the first answer is held after the API committed",
     )
     c.add_argument("--port", type=int, default=0, help="proxy port (default: a free one)")
     c.add_argument("--json", action="store_true")
@@ -338,7 +345,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ns.command == "chaos":
             from ._chaos import run_chaos
 
-            return run_chaos(ns.cmd, ns.upstream, ns.fault, ns.port, as_json=ns.json)
+            return run_chaos(
+                ns.cmd, ns.upstream, ns.fault, ns.port, as_json=ns.json, late_by=ns.late_by
+            )
         if ns.command == "mcp":
             from ._cli_mcp import run as run_mcp
 

@@ -130,3 +130,23 @@ def pay_unless_cancelled(bank: str, amount: int, to: str) -> dict[str, Any]:
         time.sleep(0.05)
     exactcall.check_claim()
     return _pay(bank, amount, to)
+
+
+# -- through the chaos proxy (tests/test_provider_faults.py): ``via`` is the proxy in front of
+# the bank, which loses the answer after the bank committed; ``timeout``: the tool's own
+@exactcall.tool(provider_idempotent=True, heartbeat_timeout=FAST)
+def via_charge(bank: str, via: str, amount: int, to: str, timeout: float) -> dict[str, Any]:
+    body = {"amount": amount, "to": to}
+    return post(via, "/payments", body, exactcall.idempotency_headers(), timeout)
+
+
+@exactcall.tool(reconcile=paid_to, heartbeat_timeout=FAST)
+def via_book(bank: str, via: str, amount: int, to: str, timeout: float) -> dict[str, Any]:
+    """No key: the bank books every request it gets; the probe asks the bank itself."""
+    return post(via, "/payments", {"amount": amount, "to": to}, timeout=timeout)
+
+
+@exactcall.tool(heartbeat_timeout=FAST)
+def via_pay(bank: str, via: str, amount: int, to: str, timeout: float) -> dict[str, Any]:
+    """No key, no probe: an unknown outcome waits for a person."""
+    return post(via, "/payments", {"amount": amount, "to": to}, timeout=timeout)

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -77,6 +78,18 @@ def test_a_new_key_per_retry_does_not_protect() -> None:
             _post_once(proxy.url, PAYMENT, "a")
         _post_once(proxy.url, PAYMENT, "b")
         assert proxy.report().actions[0].verdict == "DUPLICATE"
+
+
+def test_late_response_answers_after_the_clients_timeout() -> None:
+    start = time.monotonic()
+    with ChaosProxy(fault="late-response", late_by=60) as proxy:
+        request = urllib.request.Request(proxy.url + "/payments", data=b"{}", method="POST")
+        with pytest.raises((TimeoutError, urllib.error.URLError)):
+            urllib.request.urlopen(request, timeout=0.5)
+        _post_once(proxy.url, {}, None)  # the naive retry passes at once
+        [action] = proxy.report().actions
+    assert time.monotonic() - start < 30  # closing ends the held answer's wait
+    assert action.response_dropped and action.executions == 2 and action.verdict == "DUPLICATE"
 
 
 def test_identity_is_method_path_and_canonical_json_body() -> None:
@@ -205,6 +218,7 @@ def test_cli_a_failing_command_without_duplicates_exits_2() -> None:
         ["chaos", "--mock", "--upstream", "http://127.0.0.1:1", "--", "true"],
         ["chaos", "--upstream", "ftp://example", "--", "true"],
         ["chaos", "--mock", "--fault", "explode", "--", "true"],
+        ["chaos", "--mock", "--fault", "late-response", "--late-by", "-1", "--", "true"],
         ["chaos", "--mock", "--", "/nonexistent/agent"],
     ],
 )

@@ -22,7 +22,13 @@ class BankUnavailable(Exception):
     """The bank refused the request before doing anything (503)."""
 
 
-def post(bank: str, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
+def post(
+    bank: str,
+    path: str,
+    body: dict[str, Any],
+    headers: dict[str, str] | None = None,
+    timeout: float = 30,
+) -> Any:
     req = urllib.request.Request(
         bank + path,
         data=json.dumps(body).encode(),
@@ -30,7 +36,7 @@ def post(bank: str, path: str, body: dict[str, Any], headers: dict[str, str] | N
         method="POST",
     )
     try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
             return json.loads(resp.read())
     except urllib.error.HTTPError as err:
         with err:

@@ -4,12 +4,16 @@ Effects are counted at the bank (each run pays its own account, each call a dist
 never by the code under test. A call is *settled* (the issue's words: "done, or unknown and
 routed") at the ``ActivityTaskCompleted`` of its tool activity in the agent's history, or, for
 an unknown outcome, at the start of its reconciliation workflow (the attempt that finds the
-outcome unknown starts it; the agent starts it as a child if that attempt could not). A kill
-*interrupted* a call if an attempt of the call's tool activity was running on the killed
-process (it started there and never ended: the workers' attempt log) and the call was not
-settled yet. Two times are taken from the last such kill: to the call settled, and to the
-agent getting the outcome (the ``workflow.now()`` of the workflow task that saw it: this one
-also waits for the agent's own workflow task, on a sticky queue or held by a dead worker).
+outcome unknown starts it; the agent starts it as a child if that attempt could not). A fault
+*struck* a call if an attempt of the call's tool activity was running on the process it hit
+(a kill, a freeze, a partition; any process for a server kill: the attempt started before
+and had not ended by then), or the bank's response to the call's payment was lost (a provider
+fault), before the call settled. Each call is counted under every kind of fault that struck
+it (``none`` if none did). Two times are taken from the last fault that struck it, if all
+that struck it were of one kind (else the call's time is counted as ``mixed``): to the call
+settled, and (for kills) to the agent getting the outcome (the ``workflow.now()`` of the
+workflow task that saw it: this one also waits for the agent's own workflow task, on a sticky
+queue or held by a dead worker).
 """
 
 from __future__ import annotations
@@ -44,12 +48,22 @@ HEADLINE = (
 
 
 @dataclass
-class Kill:
+class Fault:
+    """One fault injected: ``worker`` (SIGKILL of a worker), ``freeze`` (SIGSTOP of its process
+    group), ``partition`` (its link to the frontend blackholed), ``server`` (SIGKILL of the dev
+    server, restarted on its database), ``provider`` (the bank's response to one call's
+    payment lost after the payment was booked: ``call`` is its (account, amount))."""
+
+    kind: str
     t: float
-    pid: int
-    worker: int
+    pid: int | None = None
+    worker: int | None = None
+    until: float | None = None
+    """When a freeze, partition or server outage ended (None: a kill, or a lost response)."""
+    detail: str = ""
+    call: tuple[str, int] | None = None
     hit: int = 0
-    """Calls this kill interrupted (filled in by :func:`tally`)."""
+    """Calls this fault interrupted (filled in by :func:`tally`)."""
 
 
 def pct(values: Sequence[float], p: float) -> float | None:
@@ -73,19 +87,20 @@ def summary(values: Sequence[float]) -> dict[str, Any]:
 
 def read_attempts(path: Path) -> Attempts:
     """The attempts of each call (by workflow id, step) from the workers' attempt log: pid,
-    start time, kind (call or probe) and whether it ended (no end: its process died)."""
+    start time, kind (call or probe) and when it ended (no end: its process died)."""
     out: Attempts = defaultdict(list)
-    ended: set[str] = set()
+    ended: dict[str, float] = {}
     starts = []
     for line in path.read_text().splitlines():
         with contextlib.suppress(ValueError, KeyError):  # a line cut by a SIGKILL mid-write
             row = json.loads(line)
             if row["ev"] == "end":
-                ended.add(row["id"])
+                ended[row["id"]] = row["t"]
             else:
                 starts.append(row)
     for row in starts:
-        out[(row["wf"], row["step"])].append({**row, "ended": row["id"] in ended})
+        end = ended.get(row["id"])
+        out[(row["wf"], row["step"])].append({**row, "ended": end is not None, "end": end})
     return out
 
 
@@ -153,24 +168,46 @@ _SETTLING = {
 }
 
 
-def last_interrupting_kill(
-    settled: float, attempts: list[dict[str, Any]], kills: dict[int, Kill]
-) -> Kill | None:
-    """The last kill, before the call settled, of a process that was running an attempt of
-    this call's tool activity (an attempt that started there and never ended)."""
-    hits: dict[int, Kill] = {}
+def interrupting(
+    settled: float, attempts: list[dict[str, Any]], faults: Faults, call: tuple[str, int]
+) -> list[Fault]:
+    """The faults, before the call settled, that struck an attempt of its tool activity while
+    it ran (a kill, a freeze or a cut of its process, or a server kill: an attempt that
+    started before and had not ended), and a lost response to its payment."""
+    hits = {id(f): f for f in faults.provider.get(call, []) if f.t < settled}
     for a in attempts:
-        k = kills.get(a["pid"])
-        if a["kind"] == "call" and not a["ended"] and k is not None and a["t"] < k.t < settled:
-            hits[k.pid] = k
-    for k in hits.values():
-        k.hit += 1
-    return max(hits.values(), key=lambda k: k.t) if hits else None
+        if a["kind"] != "call":
+            continue
+        for f in [*faults.by_pid.get(a["pid"], []), *faults.server]:
+            running = not a["ended"] or a["end"] > f.t
+            if a["t"] < f.t < settled and running and (f.kind != "worker" or not a["ended"]):
+                hits[id(f)] = f
+    return sorted(hits.values(), key=lambda f: f.t)
+
+
+@dataclass
+class Faults:
+    """The faults of one soak, indexed for :func:`interrupting`."""
+
+    all: list[Fault]
+
+    def __post_init__(self) -> None:
+        self.by_pid: dict[int, list[Fault]] = defaultdict(list)
+        self.server: list[Fault] = []
+        self.provider: dict[tuple[str, int], list[Fault]] = defaultdict(list)
+        for f in self.all:
+            if f.kind == "server":
+                self.server.append(f)
+            elif f.kind == "provider" and f.call is not None:
+                self.provider[f.call].append(f)
+            elif f.pid is not None:
+                self.by_pid[f.pid].append(f)
 
 
 @dataclass
 class Tally:
-    """Running counts over the calls of one soak."""
+    """Running counts over the calls of one soak, in all and by the kind of fault that hit
+    them (``none``: no fault struck the call)."""
 
     calls: int = 0
     duplicates: int = 0
@@ -183,22 +220,43 @@ class Tally:
         self.settle: dict[str, list[float]] = defaultdict(list)
         self.agent: dict[str, list[float]] = defaultdict(list)
         self.slow: list[tuple[float, float, str, str, str]] = []
+        self.by_fault: dict[str, dict[str, Any]] = defaultdict(
+            lambda: {"calls_hit": 0, "duplicates": 0, "lost": 0, "unknown": 0, "settle": []}
+        )
+        self.unknowns: list[dict[str, Any]] = []
 
     def call(
-        self, account: str, tool: str, row: dict[str, Any] | None, ids: list[int], parked: bool
+        self,
+        account: str,
+        tool: str,
+        row: dict[str, Any] | None,
+        ids: list[int],
+        parked: str | None,
+        kinds: set[str],
     ) -> None:
-        """Count one call: its payments at the bank, and how it ended (None: run unfinished)."""
+        """Count one call: its payments at the bank, and how it ended (None: run unfinished),
+        under each kind of fault that struck it."""
+        before = (self.duplicates, self.lost, self.unknown)
         self.calls += 1
         self.duplicates += max(0, len(ids) - 1)
         if len(ids) > 1:
-            self.problems.append(f"{account} {tool}: {len(ids)} payments {ids}")
+            self.problems.append(f"{account} {tool}: {len(ids)} payments {ids} ({kinds})")
         if row is None:
             self.lost += 1
             self.problems.append(f"{account} {tool}: its run did not finish")
         elif not self._ended(account, row, ids, parked):
             self.lost += 1
+        if row is not None and row["outcome"] == "unknown":
+            why = {"reason": parked, "agent_reason": row.get("reason"), "faults": sorted(kinds)}
+            self.unknowns.append({"account": account, "step": row["step"], **why})
+        after = (self.duplicates, self.lost, self.unknown)
+        for kind in kinds or {"none"}:
+            c = self.by_fault[kind]
+            c["calls_hit"] += 1
+            for name, b, a in zip(("duplicates", "lost", "unknown"), before, after, strict=True):
+                c[name] += a - b
 
-    def _ended(self, account: str, row: dict[str, Any], ids: list[int], parked: bool) -> bool:
+    def _ended(self, account: str, row: dict[str, Any], ids: list[int], parked: str | None) -> bool:
         """Done with its payment at the bank, or parked with its reason (listed)."""
         where = f"{account} {row['step']}"
         if row["outcome"] == "done":
@@ -212,16 +270,23 @@ class Tally:
         if row["outcome"] == "unknown":
             self.unknown += 1
             if not parked:
-                self.problems.append(f"{where}: unknown, but not listed as parked")
-            return parked
+                self.problems.append(f"{where}: unknown, but not listed as parked with a reason")
+            return bool(parked)
         self.problems.append(f"{where}: {row.get('error')}: {row.get('reason')}"[:300])
         return False
 
-    def timing(self, account: str, row: dict[str, Any], settled: float, kill: Kill) -> None:
-        s, a = settled - kill.t, row["settled_at"] - kill.t
-        self.settle[row["tool"]].append(s)
-        self.agent[row["tool"]].append(a)
-        self.slow.append((round(s, 2), round(a, 2), account, row["step"], row["outcome"]))
+    def timing(self, account: str, row: dict[str, Any], settled: float, hits: list[Fault]) -> None:
+        """From the last fault that struck the call to the call settled, under that fault's
+        kind when only faults of that kind struck it, else under ``mixed`` (a server outage
+        after a kill would make the kill look slow)."""
+        fault = hits[-1]
+        s, a = settled - fault.t, row["settled_at"] - fault.t
+        alone = len({f.kind for f in hits}) == 1
+        self.by_fault[fault.kind if alone else "mixed"]["settle"].append(s)
+        if fault.kind == "worker" and alone:  # the killed-worker figures, as before
+            self.settle[row["tool"]].append(s)
+            self.agent[row["tool"]].append(a)
+            self.slow.append((round(s, 2), round(a, 2), account, row["step"], row["outcome"]))
 
 
 def tally(
@@ -233,12 +298,12 @@ def tally(
     parked: dict[tuple[str, str], str],
     attempts: Attempts,
     agents: dict[str, AgentHistory],
-    kills: list[Kill],
+    faults: list[Fault],
     bound: float,
 ) -> dict[str, Any]:
     """The soak's figures from the runs' results, the bank's ledger, the parked list, the
-    agents' histories and the kills."""
-    by_pid = {k.pid: k for k in kills}
+    agents' histories and the faults."""
+    index = Faults(faults)
     booked: dict[tuple[str, int], list[int]] = defaultdict(list)
     for p in payments:
         booked[(p["to_account"], p["amount"])].append(p["id"])
@@ -249,16 +314,18 @@ def tally(
             t.problems.append(f"{account}: {out!r}"[:300])
         for amount, tool in enumerate(orders[i % len(orders)], start=1):
             row = out[amount - 1] if isinstance(out, list) else None
-            ids = booked.get((account, amount), [])
-            t.call(account, tool, row, ids, bool(parked.get((account, f"{tool}#1"))))
             history = agents.get(account)
             when = history.settled.get(f"{tool}#1") if history else None
-            if row is None or when is None:
-                continue
-            kill = last_interrupting_kill(when, attempts.get((account, row["step"]), []), by_pid)
-            if kill is not None:
-                t.timing(account, row, when, kill)
-    report = figures(t, kills, bound)
+            tried = attempts.get((account, f"{tool}#1"), [])
+            hits = interrupting(when or float("inf"), tried, index, (account, amount))
+            for f in hits:
+                f.hit += 1
+            ids = booked.get((account, amount), [])
+            why = parked.get((account, f"{tool}#1"))
+            t.call(account, tool, row, ids, why, {f.kind for f in hits})
+            if row is not None and when is not None and hits:
+                t.timing(account, row, when, hits)
+    report = figures(t, faults, bound)
     report["agent_task_timeouts"] = {
         "sticky_schedule_to_start": sum(h.sticky_timeouts for h in agents.values()),
         "start_to_close": sum(h.task_timeouts for h in agents.values()),
@@ -266,9 +333,23 @@ def tally(
     return report
 
 
-def figures(t: Tally, kills: list[Kill], bound: float) -> dict[str, Any]:
+def figures(t: Tally, faults: list[Fault], bound: float) -> dict[str, Any]:
     settle = [v for vs in t.settle.values() for v in vs]
     agent = [v for vs in t.agent.values() for v in vs]
+    kills = [f for f in faults if f.kind == "worker"]
+    injected: dict[str, int] = defaultdict(int)
+    for f in faults:
+        injected[f.kind] += 1
+    by_fault = {}
+    for kind in sorted(set(injected) | set(t.by_fault)):
+        c = t.by_fault[kind]
+        by_fault[kind] = {
+            "injected": injected.get(kind, 0),
+            **{k: v for k, v in c.items() if k != "settle"},
+            "settle_p50_s": pct(c["settle"], 50),
+            "settle_p95_s": pct(c["settle"], 95),
+            "settle_max_s": summary(c["settle"])["max_s"],
+        }
     return {
         "runs": None,  # filled in by the caller
         "calls": t.calls,
@@ -287,6 +368,8 @@ def figures(t: Tally, kills: list[Kill], bound: float) -> dict[str, Any]:
         "calls_interrupted": len(settle),
         "kills_that_interrupted": sum(k.hit > 0 for k in kills),
         "wrong_receipts": t.wrong_receipts,
+        "by_fault": by_fault,
+        "unknown_calls": t.unknowns,
         "settle_by_tool": {k: summary(v) for k, v in sorted(t.settle.items())},
         "agent_by_tool": {k: summary(v) for k, v in sorted(t.agent.items())},
         "slowest": sorted(t.slow, reverse=True)[:10],
@@ -325,5 +408,18 @@ def print_report(r: dict[str, Any]) -> None:
         f"agent workflow tasks delayed by a dead worker: {wt['sticky_schedule_to_start']} on its "
         f"sticky queue, {wt['start_to_close']} held by it (workflow task timeout)"
     )
+    head = f"{'fault':<10} {'injected':>8} {'hit':>5} {'dup':>4} {'lost':>4} {'unknown':>7}"
+    print(f"  {head}  settle p50 / p95 / max")
+    for kind, c in r["by_fault"].items():
+        print(
+            f"  {kind:<10} {c['injected']:>8} {c['calls_hit']:>5} {c['duplicates']:>4} "
+            f"{c['lost']:>4} {c['unknown']:>7}  {s(c['settle_p50_s']):>6} "
+            f"{s(c['settle_p95_s']):>6} {s(c['settle_max_s']):>6}"
+        )
+    for u in r["unknown_calls"]:
+        print(
+            f"  unknown {u['account']} {u['step']} ({', '.join(u['faults']) or 'no fault'}): "
+            f"{u['reason']}"[:240]
+        )
     for line in r["problems"]:
         print(f"  PROBLEM {line}")

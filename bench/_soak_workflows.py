@@ -160,14 +160,18 @@ async def soak_probed(bank: str, amount: int, to: str) -> dict[str, Any]:
 @workflow.defn(name=AGENT)
 class SoakAgent:
     """One run: the four tools once each, in the order given, each paying a distinct amount
-    (1, 2, 3, 4) to the run's own account. Returns one row per call: its outcome and when
-    the agent got it (``workflow.now()``, the start of the workflow task that saw it)."""
+    (1, 2, 3, 4) to the run's own account (at ``job["bank"]``, or at ``job["banks"][amount]``,
+    a chaos proxy in front of it, for the calls that get a provider fault). Returns one row
+    per call: its outcome and when the agent got it (``workflow.now()``, the start of the
+    workflow task that saw it)."""
 
     @workflow.run
     async def run(self, job: dict[str, Any]) -> list[dict[str, Any]]:
         rows = []
+        banks = job.get("banks") or {}  # amount -> URL: a chaos proxy for some calls
         for amount, tool in enumerate(job["order"], start=1):
-            rows.append(await self._call(job["bank"], job["account"], amount, tool))
+            bank = banks.get(str(amount), job["bank"])
+            rows.append(await self._call(bank, job["account"], amount, tool))
         return rows
 
     async def _call(self, bank: str, account: str, amount: int, tool: str) -> dict[str, Any]:

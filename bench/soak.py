@@ -1,23 +1,29 @@
-"""Fleet soak: agent runs on worker processes that are SIGKILLed at random, all the time.
+"""Fleet soak: agent runs on worker processes that are SIGKILLed at random, all the time,
+and with ``--faults``, frozen, cut off, their server killed, their provider's answers lost.
 
     python bench/soak.py                       # 300 runs, 3 workers, Temporal's defaults
     python bench/soak.py --tuned               # sticky 1 s, heartbeat 2 s, task timeout 2 s
     python bench/soak.py --runs 30 --json /tmp/soak.json
+    python bench/soak.py --faults all --tuned  # worker,freeze,partition,server,provider
+    python bench/soak.py --faults all --tuned --seed 1234   # the same draws again
 
 Three ``exactcall worker`` processes serve one task queue on one dev server. Each run is a
 ``SoakAgent`` (``bench/_soak_workflows.py``) making four calls: a plain tool, a
 provider-idempotent one, one that needs approval (given by a bot through
-``exactcall.approvals`` with the exact hash) and one with a probe. Every 2-5 s a random live
-worker gets SIGKILL and is restarted, until every run has finished. Effects are counted at the
-demo bank (a real local HTTP service): each run pays its own account, each call a distinct
-amount, so a duplicate is a second payment for one (account, amount).
+``exactcall.approvals`` with the exact hash) and one with a probe. Every 2-5 s a fault of the
+kinds in ``--faults`` strikes (default ``worker``: a random live worker gets SIGKILL and is
+restarted; the others in ``bench/_soak_faults.py``), until every run has finished. Effects
+are counted at the demo bank (a real local HTTP service): each run pays its own account,
+each call a distinct amount, so a duplicate is a second payment for one (account, amount).
 
-Printed and written as JSON (``--json``): runs, calls, kills, duplicates, lost (a call that
-neither finished nor ended parked with its reason, listed by ``exactcall unresolved``),
-unknown (parked), and settle p50/p95: the seconds from the SIGKILL of a worker that was running
-an attempt of a call to that call settled (done, or unknown and routed to its reconciliation),
-read from the agent's history; also the seconds to the agent getting the outcome. Exit 1 on a
-duplicate or a lost call. Nothing is asserted on time. See bench/README.md.
+Printed and written as JSON (``--json``): the seed, runs, calls, kills, duplicates, lost (a
+call that neither finished nor ended parked with its reason, listed by ``exactcall
+unresolved``), unknown (parked; each listed with its reason), and settle p50/p95: the seconds
+from the SIGKILL of a worker that was running an attempt of a call to that call settled
+(done, or unknown and routed to its reconciliation), read from the agent's history; also the
+seconds to the agent getting the outcome; and per kind of fault: injected, calls hit,
+duplicates, lost, unknown, settle p50/p95. Exit 1 on a duplicate or a lost call. Nothing is
+asserted on time. See bench/README.md.
 """
 
 from __future__ import annotations
@@ -43,20 +49,21 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `python bench/soak.py` puts only bench/ there
     sys.path.insert(0, str(ROOT))
 
-from temporalio.client import Client  # noqa: E402
+from temporalio.client import Client, WorkflowHandle  # noqa: E402
+from temporalio.exceptions import WorkflowAlreadyStartedError  # noqa: E402
 from temporalio.service import RPCError  # noqa: E402
 
-import exactcall  # noqa: E402
 from bench import _soak_workflows as wf  # noqa: E402
-from bench._soak_count import Kill, print_report, read_agents, read_attempts, tally  # noqa: E402
-from exactcall import approvals, reconciliation  # noqa: E402
+from bench._fleet import ApprovalBot, Fleet  # noqa: E402
+from bench._soak_count import print_report, read_agents, read_attempts, tally  # noqa: E402
+from bench._soak_faults import KINDS, Injector, Routes, TimedChaos, parse_faults  # noqa: E402
+from exactcall import reconciliation  # noqa: E402
 from exactcall._tool import ToolOptions  # noqa: E402
 from exactcall.demo.bank import Bank  # noqa: E402
-from exactcall.testing import WorkerProcess  # noqa: E402
+from exactcall.testing import DevServer  # noqa: E402
 
 TEMPORAL_STICKY_DEFAULT_S = 10.0  # Worker(sticky_queue_schedule_to_start_timeout=) default
 DEFAULT_HEARTBEAT_S = ToolOptions.__dataclass_fields__["heartbeat_timeout"].default.total_seconds()
-MIN_UPTIME_S = 1.0
 ORDERS = [list(wf.TOOLS[i:] + wf.TOOLS[:i]) for i in range(len(wf.TOOLS))]
 
 
@@ -65,181 +72,68 @@ class SoakConfig:
     runs: int = 300
     workers: int = 3
     concurrency: int = 30
-    kill_every: tuple[float, float] = (2.0, 5.0)
+    kill_every: tuple[float, float] = (2.0, 5.0)  # seconds between two faults
     sticky_timeout: float = TEMPORAL_STICKY_DEFAULT_S
     heartbeat: float | None = None  # None: exactcall's default for the tools
     task_timeout: float | None = None  # the agents' workflow task timeout (None: Temporal's)
     pause_ms: int = 200
     start_every: float = 0.0  # seconds between run starts (0: as fast as concurrency allows)
     timeout: float = 900.0
-    seed: int | None = None
+    seed: int | None = None  # None: one is drawn, and printed
     plugins: list[str] = field(default_factory=list)  # more worker plugins (MODULE:NAME)
-
-
-@dataclass
-class Fleet:
-    """The worker processes; kills a random live one every few seconds and restarts it."""
-
-    address: str
-    task_queue: str
-    cfg: SoakConfig
-    attempts_file: Path
-    on_start: Callable[[int], None] = lambda pid: None
-    slots: list[WorkerProcess | None] = field(default_factory=list)
-    gone: list[WorkerProcess] = field(default_factory=list)
-    kills: list[Kill] = field(default_factory=list)
-    restarts: set[asyncio.Task[None]] = field(default_factory=set)
-    up_since: dict[int, float] = field(default_factory=dict)
-
-    def _spawn(self, i: int) -> WorkerProcess:
-        env = {wf.ATTEMPTS_ENV: str(self.attempts_file), wf.PAUSE_ENV: str(self.cfg.pause_ms)}
-        if self.cfg.heartbeat:
-            env[wf.HEARTBEAT_ENV] = str(self.cfg.heartbeat)
-        module = "bench._soak_workflows"
-        wp = WorkerProcess(
-            self.address,
-            self.task_queue,
-            tools=[module],
-            workflows=[module],
-            plugins=[f"{module}:plugins", *self.cfg.plugins],
-            cwd=ROOT,
-            env=env,
-            sticky_timeout=self.cfg.sticky_timeout,
-            name=f"soak-w{i}",
-        )
-        self.on_start(wp.proc.pid)
-        return wp
-
-    async def start(self, i: int, tries: int = 5) -> None:
-        """Start worker ``i``; it takes its slot once it polls (a failed start is retried)."""
-        for _ in range(tries):
-            wp = self._spawn(i)
-            try:
-                self.slots[i] = await wp.started()
-                self.up_since[i] = time.monotonic()
-                return
-            except (RuntimeError, TimeoutError) as exc:
-                error = str(exc)[-400:]
-                print(f"  worker {i} did not start, starting another: {error}", flush=True)
-                wp.stop()
-        raise RuntimeError(f"worker {i} did not start {tries} times; last: {error}")
-
-    async def start_all(self) -> None:
-        self.slots = [None] * self.cfg.workers
-        await asyncio.gather(*(self.start(i) for i in range(self.cfg.workers)))
-
-    def kill_one(self, rng: random.Random) -> Kill | None:
-        live = [i for i, wp in enumerate(self.slots) if wp is not None]
-        if not live:
-            return None
-        # one that has polled for a while if there is one (one killed as it comes up runs nothing)
-        older = [i for i in live if time.monotonic() - self.up_since[i] >= MIN_UPTIME_S]
-        i = rng.choice(older or live)
-        wp = self.slots[i]
-        assert wp is not None
-        self.slots[i] = None
-        kill = Kill(time.time(), wp.proc.pid, i)
-        wp.kill()
-        self.gone.append(wp)
-        self.kills.append(kill)
-        task = asyncio.ensure_future(self.start(i))
-        self.restarts.add(task)
-        task.add_done_callback(self.restarts.discard)
-        return kill
-
-    async def kill_loop(self, stop: asyncio.Event, rng: random.Random) -> None:
-        lo, hi = self.cfg.kill_every
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), rng.uniform(lo, hi))
-                return
-            self.kill_one(rng)
-
-    async def settle(self) -> None:
-        """Wait for the restarts in progress (every slot is live afterwards)."""
-        while self.restarts:
-            await asyncio.gather(*list(self.restarts))
-
-    def stop(self) -> None:
-        for wp in [*self.slots, *self.gone]:
-            if wp is not None:
-                wp.stop()
-
-
-@dataclass
-class ApprovalBot:
-    """Approves every pending ``soak_approved`` call of this soak's runs (workflow ids that start
-    with ``tag``) with its exact hash, as a person would after reading it: the hash it sends is
-    recomputed here from the arguments it was shown. Others' pending calls on a shared server
-    are left alone."""
-
-    client: Client
-    tag: str
-    sent: set[tuple[str, str]] = field(default_factory=set)
-    approved: int = 0
-    refused: list[str] = field(default_factory=list)
-    tasks: set[asyncio.Task[None]] = field(default_factory=set)
-
-    async def run(self, stop: asyncio.Event) -> None:
-        """Poll ``list_pending`` until ``stop``; then wait for the approvals being sent."""
-        while not stop.is_set():
-            try:
-                rows = await approvals.list_pending(self.client)
-            except RPCError:
-                rows = []
-            for req in rows:
-                if not req.workflow_id.startswith(f"{self.tag}-"):
-                    continue  # another program's call (a shared server): not the soak's to decide
-                if (req.workflow_id, req.step) not in self.sent:
-                    self.sent.add((req.workflow_id, req.step))
-                    task = asyncio.ensure_future(self._approve(req))
-                    self.tasks.add(task)
-                    task.add_done_callback(self.tasks.discard)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.2)
-        await asyncio.gather(*list(self.tasks), return_exceptions=True)
-
-    async def _approve(self, req: Any) -> None:
-        mine = exactcall.intent_hash(req.tool, **req.args)
-        if req.tool != wf.APPROVED or mine != req.args_hash:
-            self.refused.append(f"{req.workflow_id} {req.step}: hash {req.args_hash} != {mine}")
-            return
-        try:
-            await approvals.approve(
-                self.client,
-                req.workflow_id,
-                req.step,
-                args_hash=mine,
-                by="soak-bot",
-                confirm_timeout=2.0,
-            )
-            self.approved += 1
-        except RPCError:  # not sent: the next poll lists it again
-            self.sent.discard((req.workflow_id, req.step))
+    faults: tuple[str, ...] = ("worker",)
+    provider_share: float = 0.1  # of the calls, with --faults provider
+    max_faults: int | None = None  # then no more faults (the provider's are drawn per call)
 
 
 # -- driving the runs ----------------------------------------------------------------------------
+async def outcome_of(
+    client: Client, job: dict[str, Any], wid: str, tq: str, cfg: SoakConfig
+) -> Any:
+    """Start one agent and wait for its result, through server outages (a start whose answer
+    was lost finds the run started; a result long-poll cut by a server kill is asked again)."""
+    deadline = time.monotonic() + cfg.timeout
+    handle: WorkflowHandle[Any, Any] | None = None
+    while True:
+        try:
+            if handle is None:
+                handle = await client.start_workflow(
+                    wf.AGENT,
+                    job,
+                    id=wid,
+                    task_queue=tq,
+                    result_type=list,
+                    task_timeout=timedelta(seconds=cfg.task_timeout) if cfg.task_timeout else None,
+                )
+            return await handle.result()
+        except WorkflowAlreadyStartedError:
+            handle = client.get_workflow_handle(wid, result_type=list)
+        except RPCError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+
+
 async def drive_runs(
-    client: Client, tq: str, bank_url: str, tag: str, cfg: SoakConfig
+    client: Client, tq: str, bank_url: str, tag: str, cfg: SoakConfig, routes: Routes | None = None
 ) -> dict[int, Any]:
     """Start ``cfg.runs`` agents (at most ``cfg.concurrency`` at once, one every
     ``cfg.start_every`` s at most); their results by index (an exception for a run that
-    failed, nothing for one unfinished at the deadline)."""
+    failed, nothing for one unfinished at the deadline). ``routes``: which calls pay through
+    a chaos proxy."""
     results: dict[int, Any] = {}
     slots = asyncio.Semaphore(cfg.concurrency)
 
     async def one(i: int) -> None:
         try:
-            job = {"bank": bank_url, "account": f"{tag}-{i}", "order": ORDERS[i % len(ORDERS)]}
-            handle = await client.start_workflow(
-                wf.AGENT,
-                job,
-                id=f"{tag}-{i}",
-                task_queue=tq,
-                result_type=list,
-                task_timeout=timedelta(seconds=cfg.task_timeout) if cfg.task_timeout else None,
-            )
-            results[i] = await handle.result()
+            job: dict[str, Any] = {
+                "bank": bank_url,
+                "account": f"{tag}-{i}",
+                "order": ORDERS[i % len(ORDERS)],
+            }
+            if routes is not None:
+                job["banks"] = routes.job(i, bank_url, len(wf.TOOLS))
+            results[i] = await outcome_of(client, job, f"{tag}-{i}", tq, cfg)
         except Exception as exc:  # counted as lost, with the error in the report
             results[i] = exc
         finally:
@@ -282,27 +176,58 @@ async def run_soak(
     cfg: SoakConfig,
     on_start: Callable[[int], None] = lambda pid: None,
     say: Callable[[str], None] = lambda msg: None,
+    server: DevServer | None = None,
+    on_server_start: Callable[[int | None], None] = lambda pid: None,
 ) -> dict[str, Any]:
     """Run the soak against ``address`` (``client`` is connected to it with exactcall's
-    plugin); return the figures. Every worker process it started is gone when it returns."""
-    rng = random.Random(cfg.seed)
+    plugin); return the figures. ``server``: the dev server behind ``address``, on a database
+    file, for ``cfg.faults`` with ``server`` (killed and restarted). Every worker process and
+    proxy it started is gone when it returns."""
+    seed = cfg.seed if cfg.seed is not None else random.SystemRandom().randrange(2**31)
+    rng = random.Random(seed)
+    heartbeat = cfg.heartbeat or DEFAULT_HEARTBEAT_S
     tag = f"soak-{uuid.uuid4().hex[:8]}"
     tq = f"{tag}-tq"
-    with tempfile.TemporaryDirectory(prefix="exactcall-soak-") as tmp:
+    chaos = []
+    if "provider" in cfg.faults:
+        chaos = [TimedChaos(bank.url, f) for f in ("drop-response", "error-after-commit")]
+    with tempfile.TemporaryDirectory(prefix="exactcall-soak-") as tmp, contextlib.ExitStack() as up:
+        for proxy in chaos:
+            up.enter_context(proxy)
+        routes = Routes(chaos, cfg.provider_share, seed) if chaos else None
         attempts_file = Path(tmp) / "attempts.jsonl"
         attempts_file.touch()
-        fleet = Fleet(address, tq, cfg, attempts_file, on_start)
+        env = {wf.ATTEMPTS_ENV: str(attempts_file), wf.PAUSE_ENV: str(cfg.pause_ms)}
+        if cfg.heartbeat:
+            env[wf.HEARTBEAT_ENV] = str(cfg.heartbeat)
+        fleet = Fleet(
+            address,
+            tq,
+            cfg.workers,
+            env,
+            cfg.sticky_timeout,
+            cfg.plugins,
+            partitions="partition" in cfg.faults,
+            on_start=on_start,
+        )
+        injector = Injector(fleet, server, cfg.faults, cfg.kill_every, heartbeat, rng)
+        injector.on_server_start = on_server_start
+        if cfg.max_faults is not None:
+            injector.limit = cfg.max_faults
         bot = ApprovalBot(client, tag)
         stop = asyncio.Event()
         try:
             await fleet.start_all()
-            say(f"{cfg.workers} workers up on {tq}; {cfg.runs} runs, {cfg.concurrency} at once")
+            say(
+                f"{cfg.workers} workers up on {tq}; {cfg.runs} runs, {cfg.concurrency} at once; "
+                f"faults {','.join(cfg.faults)}; seed {seed}"
+            )
             t0 = time.monotonic()
             tasks = [
                 asyncio.ensure_future(bot.run(stop)),
-                asyncio.ensure_future(fleet.kill_loop(stop, rng)),
+                asyncio.ensure_future(injector.loop(stop)),
             ]
-            results = await drive_runs(client, tq, bank.url, tag, cfg)
+            results = await drive_runs(client, tq, bank.url, tag, cfg, routes)
             wall = time.monotonic() - t0
             stop.set()
             await asyncio.gather(*tasks)
@@ -317,6 +242,10 @@ async def run_soak(
             parked = await listed_parked(client, want)
             payments = [p for p in bank.payments() if p["to_account"].startswith(f"{tag}-")]
             done = [f"{tag}-{i}" for i, out in results.items() if isinstance(out, list)]
+            faults = sorted(
+                [*fleet.faults, *injector.faults, *(routes.faults() if routes else [])],
+                key=lambda f: f.t,
+            )
             report = tally(
                 tag,
                 cfg.runs,
@@ -326,19 +255,21 @@ async def run_soak(
                 parked,
                 read_attempts(attempts_file),
                 await read_agents(client, done),
-                fleet.kills,
-                bound=(cfg.heartbeat or DEFAULT_HEARTBEAT_S) + 2,
+                faults,
+                bound=heartbeat + 2,
             )
             report["runs"] = cfg.runs
         finally:
             stop.set()
             fleet.stop()
     report.update(
+        seed=seed,
         wall_s=round(wall, 1),
         approvals=bot.approved,
         approvals_refused=bot.refused,
+        fail_stops=fleet.fail_stops,
         config={**asdict(cfg), "task_queue": tq},
-        kill_log=[asdict(k) for k in fleet.kills],
+        fault_log=[asdict(f) for f in faults],
     )
     return report
 
@@ -379,7 +310,23 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         default=d.pause_ms,
         help="tool bodies sleep up to this before and after paying",
     )
-    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument(
+        "--seed", type=int, default=None, help="the draws' seed (printed: re-run a soak with it)"
+    )
+    ap.add_argument(
+        "--faults",
+        default="worker",
+        help=f"kinds of fault to inject, comma-separated: {','.join(KINDS)}, or all (worker)",
+    )
+    ap.add_argument(
+        "--max-faults", type=int, default=None, help="no more faults after this many (none)"
+    )
+    ap.add_argument(
+        "--provider-share",
+        type=float,
+        default=d.provider_share,
+        help="with the provider fault: the share of calls whose payment's answer is lost",
+    )
     ap.add_argument(
         "--plugin",
         action="append",
@@ -410,6 +357,9 @@ def config_of(ns: argparse.Namespace) -> SoakConfig:
         seed=ns.seed,
         timeout=ns.timeout,
         plugins=ns.plugin,
+        faults=parse_faults(ns.faults),
+        provider_share=ns.provider_share,
+        max_faults=ns.max_faults,
     )
     if ns.tuned:
         cfg.sticky_timeout = 1.0
@@ -420,14 +370,16 @@ def config_of(ns: argparse.Namespace) -> SoakConfig:
 
 async def amain(ns: argparse.Namespace) -> int:
     from bench._guard import watch
-    from exactcall._server import DevServer
     from exactcall._worker import Connection, connect
 
     cfg = config_of(ns)
     server = None
+    home = tempfile.TemporaryDirectory(prefix="exactcall-soak-server-")
     if ns.address is None:
-        server = DevServer(fast=not ns.default_server).start()
-        watch(server._proc.pid if server._proc else None)
+        # on a database file when it is to be killed and restarted on it
+        db = Path(home.name) / "temporal.db" if "server" in cfg.faults else None
+        server = DevServer(fast=not ns.default_server, db=db).start()
+        watch(server.pid)
     address = ns.address or server.address  # type: ignore[union-attr]
     load0 = os.getloadavg()
     print(
@@ -448,10 +400,13 @@ async def amain(ns: argparse.Namespace) -> int:
                 cfg,
                 on_start=lambda pid: watch(pid, b"exactcall"),
                 say=lambda m: print(m, flush=True),
+                server=server,
+                on_server_start=lambda pid: watch(pid),
             )
     finally:
         if server is not None:
             server.stop()
+        home.cleanup()
     report["loadavg"] = {"before": load0, "after": os.getloadavg()}
     report["started"] = datetime.now(UTC).isoformat(timespec="seconds")
     print_report(report)

@@ -163,6 +163,9 @@ def _parser() -> argparse.ArgumentParser:
     from . import _cli_keys
 
     _cli_keys.add_parsers(sub)
+    from .inbox import _cli as _cli_inbox
+
+    _cli_inbox.add_parser(sub, _connection_args)
 
     rp = sub.add_parser("replay", help="replay stored histories; check nondeterminism and intents")
     rp.add_argument("paths", nargs="+", metavar="PATH", help="history JSON files or folders")
@@ -326,6 +329,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from . import _cli_keys
 
             return _cli_keys.run(ns)
+        if ns.command == "inbox":
+            from .inbox import _cli as _cli_inbox
+
+            return _cli_inbox.run(ns, _connection(ns))
         if ns.command == "crashtest":
             from ._crashtest import main as crashtest
 

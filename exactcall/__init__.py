@@ -11,6 +11,10 @@ knows what the previous one did; a call that may have happened is never re-run b
 
     # inside a workflow
     receipt = await exactcall.call(pay, amount=10, to="alice")
+
+    # anywhere else (a script, a crew, a web process)
+    async with exactcall.session("order-42") as s:
+        receipt = await s.call(pay, amount=10, to="alice")
 """
 
 from ._budget import Budget, BudgetExceeded
@@ -36,6 +40,7 @@ from ._undo import Done, UndoFailed, UndoReport
 from ._verdicts import CallAbandoned, Landed, NotLanded, Unknown
 from .activities._claim import check_claim, check_claim_async
 from .approvals._binding import ApprovalDenied, ApprovalExpired, ApprovalMissing
+from .session import ApprovalPending, SessionBusy, session, session_sync
 from .workflows._call import call, call_with
 from .workflows._saga import Saga, saga
 
@@ -46,6 +51,7 @@ __all__ = [
     "ApprovalDenied",
     "ApprovalExpired",
     "ApprovalMissing",
+    "ApprovalPending",
     "ArgumentsNoLongerFit",
     "ArgumentsTooLarge",
     "Budget",
@@ -64,6 +70,7 @@ __all__ = [
     "RecordState",
     "ResultNotSerializable",
     "Saga",
+    "SessionBusy",
     "Tool",
     "ToolFailed",
     "ToolOptions",
@@ -86,6 +93,8 @@ __all__ = [
     "intent_hash",
     "registered_tools",
     "saga",
+    "session",
+    "session_sync",
     "to_json_value",
     "tool",
 ]

@@ -77,6 +77,11 @@ __all__ = [
     "RUN_CLAIM_WORKFLOW",
     "SEARCH_ATTRIBUTES_OFF_PATCH",
     "SEARCH_ATTRIBUTES_ON_PATCH",
+    "SESSION_CALL_WORKFLOW",
+    "SESSION_HOLD_ACTIVITY",
+    "SESSION_LOCK_ACQUIRE_UPDATE",
+    "SESSION_LOCK_RELEASE_UPDATE",
+    "SESSION_LOCK_WORKFLOW",
     "SETTLED_BY_SIGNAL",
     "SETTLED_SIGNAL",
     "SETTLE_PREFIX",
@@ -92,6 +97,8 @@ __all__ = [
     "reconcile_id",
     "record_id",
     "run_claim_id",
+    "session_call_id",
+    "session_id_prefix",
     "settle_activity_id",
     "undo_id",
 ]
@@ -348,6 +355,28 @@ def undo_id(workflow_id: str) -> str:
     """Workflow id of the undo of ``workflow_id``'s calls (one per workflow id: undoing it
     again is a re-run of the same id, whose calls exactcall runs once)."""
     return f"exactcall-undo-{workflow_id}"
+
+
+# -- sessions (exactcall.session: guarded calls from code that is not a workflow) -----------
+SESSION_CALL_WORKFLOW = "exactcall.SessionCall"
+"""One call of an ``exactcall.session``: the workflow whose one exactcall call runs it."""
+SESSION_LOCK_WORKFLOW = "exactcall.SessionLock"
+"""Which process holds a session: one live process at a time."""
+SESSION_LOCK_ACQUIRE_UPDATE = "exactcall.session.acquire"
+SESSION_LOCK_RELEASE_UPDATE = "exactcall.session.release"
+SESSION_HOLD_ACTIVITY = "exactcall.session.hold"
+"""Runs in the holding process while it lives (its heartbeats are the lease)."""
+
+
+def session_id_prefix(session: str) -> str:
+    """Workflow id of a session's lock; its calls' ids are this + ``/`` + the step (``/`` and
+    ``%`` in the session id escaped, so the session id ends at the first ``/``)."""
+    return "exactcall-session-" + session.replace("%", "%25").replace("/", "%2F")
+
+
+def session_call_id(session: str, step: str) -> str:
+    """Workflow id of the call at ``step`` of ``session``."""
+    return f"{session_id_prefix(session)}/{step}"
 
 
 # -- audit -----------------------------------------------------------------------------------

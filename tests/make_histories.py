@@ -31,6 +31,7 @@ from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError
+from temporalio.service import RPCError
 
 from exactcall import approvals
 from exactcall._model import intent_from_input
@@ -141,6 +142,8 @@ async def main() -> None:
                 await _save_mcp_owned(client, srv.address, Path(tmp))
             if wanted("proxy_approved_call"):
                 await _save_mcp_approved(client, srv.address, Path(tmp))
+            if wanted("session_call", "session_approved_call", "session_lock"):
+                await _save_session(client, bank)
             # the per-key record of the first payment
             intent = await anext(_intents(client, h.id))
             rec = Record(client, intent)
@@ -165,6 +168,33 @@ async def _save_reconciliation(
     await _save(client, h.id, f"{name}_agent")
     [intent] = [i async for i in _intents(client, h.id)]  # the agent's one call
     await _save(client, reconcile_id(intent.key), name)
+
+
+async def _save_session(client: Client, bank: Bank) -> None:
+    """An ``exactcall.session``'s workflows: a call (``session_call``), a call released by an
+    approval (``session_approved_call``), and the session's lock (``session_lock``)."""
+    import exactcall
+    from exactcall._wire import session_call_id, session_id_prefix
+    from tests.session_app import session_pay, session_pay_approved
+
+    async with exactcall.session("hist-session", client=client) as s:
+        await s.call(session_pay, bank.url, 10, "erin")
+        step = "session_pay_approved#1"
+        wid = session_call_id("hist-session", step)
+        paying = asyncio.ensure_future(s.call(session_pay_approved, bank.url, 10, "erin"))
+        while True:
+            await asyncio.sleep(0.1)
+            with contextlib.suppress(RPCError):  # (not started yet)
+                if (await approvals.view(client, wid)).pending:
+                    break
+        req = await approvals.pending(client, wid)
+        await approvals.approve(client, wid, step, args_hash=req.args_hash, by="ops")
+        await paying
+    await _save(client, session_call_id("hist-session", "session_pay#1"), "session/session_call")
+    await _save(client, wid, "session/session_approved_call")
+    lock = client.get_workflow_handle(session_id_prefix("hist-session"))
+    await lock.result()
+    await _save(client, lock.id, "session/session_lock")
 
 
 async def _save_cancel_while_joining(client: Client, bank: Bank) -> None:

@@ -52,7 +52,7 @@ from ._unknown import (
     tell_cancelled,
 )
 
-__all__ = ["call", "call_with", "intent_of"]
+__all__ = ["call", "call_with", "intent_conflict", "intent_of"]
 
 MAX_KEY_LENGTH = 200
 _WAIT = ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
@@ -144,13 +144,21 @@ def _refusal(intent: Intent, err: BudgetExceeded, at: datetime) -> dict[str, Any
 
 
 def _conflict(t: Tool, intent: Intent, what: str, recorded_hash: str) -> IntentConflict:
+    return intent_conflict(t, intent, what, recorded_hash, "in this workflow")
+
+
+def intent_conflict(
+    t: Tool, intent: Intent | Any, what: str, recorded_hash: str, where: str
+) -> IntentConflict:
+    """IntentConflict: ``intent`` (anything with ``step``, ``args_hash`` and maybe ``key``)
+    has another args hash than the one its step ``what`` (``already ran``) ``where``."""
     return IntentConflict(
-        f"step {intent.step!r} of {t.name} {what} in this workflow with args hash "
+        f"step {intent.step!r} of {t.name} {what} {where} with args hash "
         f"{recorded_hash}; this call has {intent.args_hash}. Nothing was executed. Use "
         "another key= for a different call.",
         tool=t.name,
         step=intent.step,
-        key=intent.key,
+        key=getattr(intent, "key", None),
         args_hash=intent.args_hash,
         recorded_hash=recorded_hash,
     )

@@ -32,20 +32,20 @@ from typing import Any
 
 from temporalio.client import Client
 
+from exactcall._embedded import (
+    Embedded,
+    embedded_paths,
+    is_configured,
+    start_embedded,
+)
+from exactcall._embedded import host_port as _host_port
+from exactcall._embedded import read_info as _read_info
 from exactcall._plugin import Plugin
 from exactcall._server import port_open
 from exactcall._wire import RECONCILE_WORKFLOW, UNRESOLVED_ATTRIBUTE
 from exactcall._worker import Connection, build_worker, connect
 from exactcall.reconciliation import list_unresolved
 
-from ._proxy_temporal import (
-    Embedded,
-    _host_port,
-    _read_info,
-    embedded_paths,
-    is_configured,
-    start_embedded,
-)
 from ._proxy_workflow import (
     APPROVED_WORKFLOW,
     OWNED_WORKFLOW,

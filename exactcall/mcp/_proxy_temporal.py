@@ -19,24 +19,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import shlex
-import signal
 import time
-from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
-from typing import Any
 
 import structlog
 from temporalio import activity
 from temporalio.client import Client
-from temporalio.envconfig import ClientConfig
 from temporalio.exceptions import ApplicationError
 
+from exactcall._embedded import Embedded, cli_flags, host_port, is_configured, start_embedded
 from exactcall._plugin import Plugin
-from exactcall._server import DevServer, port_open, state_dir
+from exactcall._server import port_open, state_dir
 from exactcall._verdicts import Settled
 from exactcall._worker import Connection, build_worker, connect
 
@@ -56,133 +51,10 @@ RETRY_AFTER = 5.0
 WATCH_EVERY = 0.5
 """How often a proxy checks that its embedded server still answers (two misses: take over)."""
 SHUTDOWN_TIMEOUT = 10.0
-EMBEDDED = "temporal"
-"""``$EXACTCALL_HOME/mcp/temporal.db`` (and ``.json``: its address and pid)."""
 
 
 def task_queue(name: str) -> str:
     return f"exactcall-mcp-{name}"
-
-
-def is_configured(conn: Connection) -> bool:
-    """Whether a Temporal cluster is named by flags, environment or a CLI profile."""
-    if conn.address:
-        return True
-    try:
-        return "target_host" in ClientConfig.load_client_connect_config()
-    except Exception:  # an unreadable profile: treated as not configured, said in the log
-        log.warning("mcp_proxy.profile_unreadable")
-        return False
-
-
-@dataclass
-class Embedded:
-    """The embedded server this proxy uses, and its share of it (a shared lock on the users
-    file, held while the proxy runs; a proxy that dies releases it with its process)."""
-
-    address: str
-    pid: int | None
-    server: DevServer | None = None
-    """Set when this proxy started it (its child)."""
-    users_fd: int | None = None
-
-    def stop(self) -> None:
-        """Leave the server; the last proxy to leave stops it."""
-        import fcntl
-
-        fd, self.users_fd = self.users_fd, None
-        if fd is None:
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:  # other proxies use it: it stays
-                log.info("mcp_proxy.server_left_running", address=self.address, pid=self.pid)
-                return
-            if self.server is not None:
-                self.server.stop()
-            elif self.pid is not None:
-                _stop_pid(self.pid)
-            log.info("mcp_proxy.server_stopped", address=self.address, pid=self.pid)
-        finally:
-            os.close(fd)  # (a proxy starting meanwhile waited for this, then starts one)
-
-
-def embedded_paths() -> dict[str, Path]:
-    """The embedded server's files, one set per user (``$EXACTCALL_HOME/mcp/``)."""
-    folder = state_dir() / "mcp"
-    return {k: folder / f"{EMBEDDED}.{k}" for k in ("db", "json", "lock", "users")}
-
-
-def start_embedded() -> Embedded:
-    """Share the user's embedded server, or start it (or adopt one left running). Blocking."""
-    import fcntl
-
-    paths = embedded_paths()
-    paths["db"].parent.mkdir(parents=True, exist_ok=True)
-    users = os.open(paths["users"], os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(users, fcntl.LOCK_SH)  # waits while the last proxy to leave stops it
-        start = os.open(paths["lock"], os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(start, fcntl.LOCK_EX)  # one proxy at a time starts it
-            info = _read_info(paths["json"])
-            if info and _alive(info.get("pid")):
-                if port_open(*_host_port(info["address"])):
-                    log.info("mcp_proxy.server_shared", address=info["address"], pid=info["pid"])
-                    return Embedded(address=info["address"], pid=info["pid"], users_fd=users)
-                _stop_pid(info["pid"])  # not answering: never two on one database
-            server = DevServer(db=paths["db"], fast=True, headless=True)
-            server.start()
-            paths["json"].write_text(json.dumps({"address": server.address, "pid": server.pid}))
-            log.info("mcp_proxy.server_started", address=server.address, db=str(server.db))
-            return Embedded(server.address, server.pid, server=server, users_fd=users)
-        finally:
-            os.close(start)
-    except BaseException:
-        os.close(users)
-        raise
-
-
-def _read_info(path: Path) -> dict[str, Any] | None:
-    try:
-        info = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return info if isinstance(info, dict) and isinstance(info.get("address"), str) else None
-
-
-def _host_port(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host, int(port)
-
-
-def _alive(pid: Any) -> bool:
-    """Whether process ``pid`` runs (a zombie, exited and not yet reaped, does not)."""
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True  # no /proc (macOS): kill(0) said it exists
-
-
-def _stop_pid(pid: int, timeout: float = 10.0) -> None:
-    """Stop a server this proxy adopted (not its child): SIGTERM, then SIGKILL."""
-    with contextlib.suppress(OSError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if _alive(pid):
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
 
 
 @activity.defn(name=AWAIT_SETTLED)
@@ -223,14 +95,8 @@ class Temporal:
     @property
     def cli_flags(self) -> str:
         """Connection flags to add to ``exactcall approve/resolve`` commands."""
-        flags = []
-        if self.embedded is not None:
-            flags.append(f"--address {self.embedded.address}")
-        elif self.conn.address:
-            flags.append(f"--address {self.conn.address}")
-        if self.conn.namespace and self.conn.namespace != "default":
-            flags.append(f"--namespace {self.conn.namespace}")
-        return (" " + " ".join(flags)) if flags else ""
+        address = self.embedded.address if self.embedded is not None else self.conn.address
+        return cli_flags(address, self.conn.namespace)
 
     @property
     def resolve_flags(self) -> str:
@@ -255,7 +121,7 @@ class Temporal:
         embedded, current = self.embedded, self._client
         if embedded is not None and current.done() and not failed:
             deadline = time.monotonic() + SHUTDOWN_TIMEOUT + CONNECT_TIMEOUT
-            while self._client is current and not port_open(*_host_port(embedded.address)):
+            while self._client is current and not port_open(*host_port(embedded.address)):
                 self._wake.set()
                 if time.monotonic() > deadline or self._stop.is_set():
                     break
@@ -310,7 +176,7 @@ class Temporal:
             self._wake.clear()
             if self.embedded is None or self._stop.is_set():
                 continue
-            up = await asyncio.to_thread(port_open, *_host_port(self.embedded.address))
+            up = await asyncio.to_thread(port_open, *host_port(self.embedded.address))
             misses = 0 if up else misses + 1
             if misses >= 2:
                 return True

@@ -150,3 +150,11 @@ def via_book(bank: str, via: str, amount: int, to: str, timeout: float) -> dict[
 def via_pay(bank: str, via: str, amount: int, to: str, timeout: float) -> dict[str, Any]:
     """No key, no probe: an unknown outcome waits for a person."""
     return post(via, "/payments", {"amount": amount, "to": to}, timeout=timeout)
+
+
+@exactcall.tool(reconcile=paid_to, heartbeat_timeout=FAST)
+def fault_pay_then_wait(bank: str, amount: int, to: str, seconds: float) -> dict[str, Any]:
+    """Pays at once, then stays in the tool ``seconds`` (a fault after the effect)."""
+    receipt = _pay(bank, amount, to)
+    time.sleep(seconds)
+    return receipt

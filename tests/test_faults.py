@@ -16,6 +16,7 @@ import pytest
 from temporalio.client import Client, WorkflowFailureError
 
 import tests.fault_tools  # noqa: F401  (its tools, for the in-process worker)
+from exactcall._faults import Mode
 from exactcall._model import Owner, RecordEvent
 from exactcall._server import DevServer
 from exactcall._verdicts import Settled, reconcile_id
@@ -42,10 +43,10 @@ class Scene:
     tq: str
     effects: EffectCounter
 
-    def worker(self, address: str, name: str) -> WorkerProcess:
-        return WorkerProcess(
-            address, self.tq, tools=TOOLS, workflows=["tests.workflows"], cwd=ROOT, name=name
-        )
+    def worker(self, address: str, name: str, workflows: bool = True) -> WorkerProcess:
+        """A worker process (``workflows=False``: it runs tools only)."""
+        wf = ["tests.workflows"] if workflows else []
+        return WorkerProcess(address, self.tq, tools=TOOLS, workflows=wf, cwd=ROOT, name=name)
 
     async def until(self, cond: Callable[[], bool], timeout: float = 30) -> None:
         loop = asyncio.get_running_loop()
@@ -68,14 +69,28 @@ async def scene(
     return Scene(client, server, bank, who, tq, effects)
 
 
+LINK_FAULTS: dict[str, Mode] = {"partition": "blackhole", "drop": "drop", "delay": "delay"}
+
+
 @asynccontextmanager
 async def faulted(
-    s: Scene, tool: str, fault: str, *, seconds: float = 4.0, hold: float = 6.0, **kw: Any
+    s: Scene,
+    tool: str,
+    fault: str,
+    *,
+    seconds: float = 4.0,
+    hold: float = 6.0,
+    after_effect: bool = False,
+    delay: float = 3.0,
+    successor: bool = True,
+    **kw: Any,
 ) -> AsyncIterator[tuple[Any, WorkerProcess]]:
-    """Worker A runs ``tool``; once inside it, A is frozen or cut off (``fault``) for
-    ``hold`` seconds, and worker B starts, to take the call over; then the fault heals.
-    Yields the workflow's handle and worker A."""
-    with FaultProxy(s.server.address) as proxy:
+    """Worker A runs ``tool``; once inside it (``after_effect``: once it paid), A is frozen
+    (``fault="freeze"``) or its link to the server fails (``"partition"``: a blackhole;
+    ``"drop"``: connections reset and refused; ``"delay"``: every chunk ``delay`` s late)
+    for ``hold`` seconds, and worker B starts, to take the call over (unless not
+    ``successor``); then the fault heals. Yields the workflow's handle and worker A."""
+    with FaultProxy(s.server.address, delay=delay) as proxy:
         a = s.worker(proxy.address, "a")
         b: WorkerProcess | None = None
         try:
@@ -83,18 +98,20 @@ async def faulted(
             handle = await start_agent(
                 s.client, s.tq, plan(step(tool, s.bank.url, 10, s.who, seconds, **kw))
             )
-            await s.until(lambda: s.entered() == 1)
+            await s.until(lambda: (s.paid() if after_effect else s.entered()) == 1)
             if fault == "freeze":
                 a.freeze()
             else:
-                proxy.mode = "blackhole"
-            b = s.worker(s.server.address, "b")  # (not before: B could have run the call)
+                proxy.mode = LINK_FAULTS[fault]
+            if successor:  # (not before: B could have run the call)
+                b = s.worker(s.server.address, "b")
             await asyncio.sleep(hold)
             if fault == "freeze":
                 a.thaw()
             else:
                 proxy.mode = "pass"
-            await b.started()
+            if b is not None:
+                await b.started()
             yield handle, a
         finally:
             a.stop()

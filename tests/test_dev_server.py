@@ -49,3 +49,10 @@ def test_a_server_that_cannot_start_says_why() -> None:
     with pytest.raises(RuntimeError, match="start-dev exited") as err:
         bad.start()
     assert "unknown flag: --no-such-flag" in str(err.value)  # the server's own words
+
+
+def test_restart_needs_a_database_file_and_a_first_start(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="needs db=: a server without a database file loses"):
+        DevServer(port=7233).restart()
+    with pytest.raises(ValueError, match="never started: call start"):
+        DevServer(db=tmp_path / "t.db").restart()

@@ -70,8 +70,9 @@ class Fleet:
         self.on_start(wp.proc.pid)
         return wp
 
-    async def start(self, i: int, tries: int = 5) -> None:
-        """Start worker ``i``; it takes its slot once it polls (a failed start is retried)."""
+    async def start(self, i: int, tries: int = 20) -> None:
+        """Start worker ``i``; it takes its slot once it polls (a failed start is retried: a
+        start during a server outage fails)."""
         for _ in range(tries):
             wp = self._spawn(i)
             try:

@@ -10,8 +10,13 @@ process is gone; after a normal run the child is already stopped and the watchdo
 
 from __future__ import annotations
 
+import asyncio
+import os
 import subprocess
 import sys
+import traceback
+from collections.abc import Callable, Coroutine
+from typing import Any, NoReturn
 
 POLL = 0.5
 
@@ -45,3 +50,22 @@ def watch(pid: int | None, marker: bytes = b"start-dev") -> None:
         stderr=subprocess.DEVNULL,
         close_fds=True,
     )
+
+
+def run_main(amain: Callable[[], Coroutine[Any, Any, int]]) -> NoReturn:
+    """Run a bench's ``amain()`` and exit with its code (2 for a usage error, 130 for Ctrl-C,
+    1 for a crash, printed), by ``os._exit``: temporalio sdk-python #300, a process that ran a
+    worker can crash at interpreter exit."""
+    code = 1
+    try:
+        code = asyncio.run(amain())
+    except SystemExit as exc:  # --help, or a usage error
+        code = exc.code if isinstance(exc.code, int) else 2
+    except KeyboardInterrupt:
+        code = 130
+    except Exception:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

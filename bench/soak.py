@@ -37,7 +37,6 @@ import random
 import sys
 import tempfile
 import time
-import traceback
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -275,6 +274,13 @@ async def run_soak(
 
 
 # -- command line ---------------------------------------------------------------------------------
+def _faults(text: str) -> tuple[str, ...]:
+    try:
+        return parse_faults(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--faults: ")) from None
+
+
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     d = SoakConfig()
@@ -315,7 +321,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     ap.add_argument(
         "--faults",
-        default="worker",
+        type=_faults,
+        default=("worker",),
         help=f"kinds of fault to inject, comma-separated: {','.join(KINDS)}, or all (worker)",
     )
     ap.add_argument(
@@ -357,7 +364,7 @@ def config_of(ns: argparse.Namespace) -> SoakConfig:
         seed=ns.seed,
         timeout=ns.timeout,
         plugins=ns.plugin,
-        faults=parse_faults(ns.faults),
+        faults=ns.faults,
         provider_share=ns.provider_share,
         max_faults=ns.max_faults,
     )
@@ -373,6 +380,13 @@ async def amain(ns: argparse.Namespace) -> int:
     from exactcall._worker import Connection, connect
 
     cfg = config_of(ns)
+    if "server" in cfg.faults and ns.address:
+        print(
+            "soak.py: the server fault kills and restarts the soak's own dev server on its "
+            "database file: leave out --address, or the server fault",
+            file=sys.stderr,
+        )
+        return 2
     server = None
     home = tempfile.TemporaryDirectory(prefix="exactcall-soak-server-")
     if ns.address is None:
@@ -418,19 +432,9 @@ async def amain(ns: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    code = 1
-    try:
-        code = asyncio.run(amain(parse(argv)))
-    except SystemExit as exc:  # --help, or a usage error
-        code = exc.code if isinstance(exc.code, int) else 2
-    except KeyboardInterrupt:
-        code = 130
-    except Exception:
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)  # temporalio sdk-python #300: a crash at interpreter exit
+    from bench._guard import run_main
+
+    run_main(lambda: amain(parse(argv)))
 
 
 if __name__ == "__main__":

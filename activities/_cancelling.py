@@ -14,7 +14,8 @@ late effect is harmless (a provider-idempotent tool) or the plugin says ``fail_s
 
 The *settling* attempt (activity id ``exactcall.settle:<id>``) runs after a cancelled
 activity ended with no attempt reporting (it had not started, or its worker died): it decides
-from the markers alone and never calls the tool.
+from the markers alone and never calls the tool (``_decision``, as a cancellation noted by the
+time of the call does).
 """
 
 from __future__ import annotations
@@ -23,15 +24,11 @@ import asyncio
 import os
 import sys
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
-from exactcall._errors import AmbiguousOutcome, NotExecuted
-
-if TYPE_CHECKING:
-    from ._runner import Attempt
+from exactcall._tool import Tool
 
 __all__ = [
     "BY_SHUTDOWN",
@@ -94,8 +91,10 @@ def _uncancel() -> None:
 class Cancellation:
     """The cancellation state of one attempt, and its delivery to the running tool."""
 
-    def __init__(self, attempt: Attempt) -> None:
-        self.attempt = attempt
+    def __init__(self, t: Tool, log: Any, *, fail_stop: bool) -> None:
+        self.tool = t
+        self.log = log
+        self.fail_stop = fail_stop
         self.why: str | None = None
         """Why this attempt was cancelled, once it was (BY_WORKFLOW, BY_SHUTDOWN, ...)."""
         self.tool_run: asyncio.Future[Any] | None = None
@@ -114,22 +113,21 @@ class Cancellation:
         self._delivered = True
         # an async tool is cancelled now; a sync one sees activity.is_cancelled() when the
         # worker's own heartbeat (sent while the tool runs) brings the cancellation back
-        if self.attempt.tool.is_async and not run.done():
+        if self.tool.is_async and not run.done():
             run.cancel()
 
     def note(self, why: str) -> None:
         if self.why is None:
             self.why = why
-            self.attempt.log.info("tool.cancel_requested", why=why)
+            self.log.info("tool.cancel_requested", why=why)
 
     def claim_lost(self, detail: str) -> None:
         """The attempt lost its claim to run: its tool must not go on. An async tool is
         cancelled; a sync one, which nothing can interrupt, stops the process (fail-stop)."""
-        a = self.attempt
         run = self.tool_run
-        a.log.warning("tool.claim_lost", why=detail, tool_running=run is not None)
-        if run is not None and not run.done() and not a.tool.is_async and self._fail_stops:
-            a.log.critical(
+        self.log.warning("tool.claim_lost", why=detail, tool_running=run is not None)
+        if run is not None and not run.done() and not self.tool.is_async and self._fail_stops:
+            self.log.critical(
                 "worker.fail_stop",
                 why=f"{CLAIM_LOST} ({detail}) while its sync tool still runs: this process "
                 "stops before the tool can make a late effect",
@@ -143,9 +141,8 @@ class Cancellation:
     def _fail_stops(self) -> bool:
         """A sync tool whose late effect is not harmless: not read-only, not deduplicated by
         its provider for good."""
-        a = self.attempt
-        idempotent = a.tool.options.provider_idempotent is True
-        return a.fail_stop and not a.tool.attempt_reads and not idempotent
+        idempotent = self.tool.options.provider_idempotent is True
+        return self.fail_stop and not self.tool.attempt_reads and not idempotent
 
     def by_worker(self) -> None:
         """The worker cancelled this attempt while it wrote a marker (which it finished)."""
@@ -161,7 +158,7 @@ class Cancellation:
         ``claim_lost``, and its outcome is recorded for the next attempt to find; a read-only
         tool is told, as on shutdown).
         """
-        grace = self.attempt.tool.options.heartbeat_timeout.total_seconds()
+        grace = self.tool.options.heartbeat_timeout.total_seconds()
         self.tool_run = run
         try:
             await self._await_tool(run, grace)
@@ -184,77 +181,13 @@ class Cancellation:
                     return
                 _uncancel()
                 why = worker_reason()
-                if why == BY_SHUTDOWN or self.attempt.tool.attempt_reads:
+                if why == BY_SHUTDOWN or self.tool.attempt_reads:
                     self(why)  # a read-only tool has no outcome to record: it stops too
                     await asyncio.wait({run}, timeout=grace)
                     return
                 if why == BY_WORKFLOW:
                     self(why)
                 else:  # the tool goes on until its claim runs out (``_claim``)
-                    self.attempt.log.warning("tool.attempt_stale", why=why)
+                    self.log.warning("tool.attempt_stale", why=why)
             except Exception:
                 return  # the tool's own error: the caller reads it
-
-    async def before_call(self, maybe_called: bool) -> Any:
-        """Cancelled after the markers were written, before the tool was called."""
-        a = self.attempt
-        if maybe_called:  # an earlier attempt may have called it: not ours to release
-            reason = f"cancelled ({self.why}) before an earlier attempt's call was settled"
-            await a.unknown(reason)
-            raise AmbiguousOutcome(
-                f"{a.intent.tool} {a.intent.step}: outcome unknown; not re-sent. {reason}",
-                **a.fields(reason=reason),
-            )
-        reason = f"cancelled ({self.why}) before the tool was called"
-        await a.mark("released", reason=reason)
-        await a.beat({"phase": "released", "attempt": a.info.attempt})
-        a.log.info("tool.cancelled_before_call", why=self.why)
-        raise ApplicationError(
-            reason,
-            {"error_type": "Cancelled", "attempt": a.info.attempt},
-            type=NotExecuted.code,
-            non_retryable=self.by_workflow,
-        )
-
-    async def settle(self) -> Any:
-        """The settling attempt: what do the markers say? It never calls the tool."""
-        a = self.attempt
-        async with a.keepalive(a.unchanged_details(), via_worker=False):
-            view = await a.record.read(claimant=False)
-        state = view.state if view is not None else None
-        mine = (
-            state is not None
-            and a.same_call(state.intent.args_hash)
-            and (state.final or state.owner == a.owner)
-        )
-        if view is None and (doubt := await a.own_chain_doubt()):
-            # the run holds its workflow id's claim, so its chain wrote no record on the
-            # happy path: its history says whether an attempt may have called the tool
-            reason = (
-                "the call was cancelled while an earlier attempt may have called the tool "
-                f"({doubt})"
-            )
-            await a.unknown(reason)
-            raise AmbiguousOutcome(
-                f"{a.intent.tool} {a.intent.step}: outcome unknown; not re-sent. {reason}",
-                **a.fields(reason=reason),
-            )
-        if view is None or state is None or not mine or state.phase == "idle":
-            why = "its key is free" if state is None or mine else "another run holds its key"
-            raise ApplicationError(
-                f"{a.intent.tool} {a.intent.step} was cancelled before it was called; {why}",
-                {"error_type": "Cancelled", "attempt": a.info.attempt},
-                type=NotExecuted.code,
-                non_retryable=True,
-            )
-        if state.final:
-            return a.recorded(view)
-        reason = (
-            "the call was cancelled while an earlier attempt may have called the tool (it "
-            f"crashed or timed out; record phase {state.phase!r})"
-        )
-        await a.unknown(reason)
-        raise AmbiguousOutcome(
-            f"{a.intent.tool} {a.intent.step}: outcome unknown; not re-sent. {reason}",
-            **a.fields(reason=reason),
-        )

@@ -452,8 +452,11 @@ def timed_activity_factory() -> Callable[[Any, Variant, Sink], Callable[..., Awa
     package is not edited). Variants change only the fast path of a first attempt."""
     from temporalio import activity
 
+    from exactcall.activities._calling import REPORTED, ToolCall
+    from exactcall.activities._decision import Decision
+    from exactcall.activities._markers import Markers
     from exactcall.activities._records import Record
-    from exactcall.activities._runner import REPORTED, Attempt
+    from exactcall.activities._runner import Attempt
 
     class TimedRecord(Record):
         def __init__(self, client: Any, intent: Any, variant: Variant, sink: Sink) -> None:
@@ -474,35 +477,9 @@ def timed_activity_factory() -> Callable[[Any, Variant, Sink], Callable[..., Awa
             finally:
                 self.sink.stages[f"mark {event.kind}: signal RPC"].append(time.perf_counter() - t0)
 
-    class TimedAttempt(Attempt):
-        def __init__(self, t: Any, intent: Any, variant: Variant, sink: Sink) -> None:
-            super().__init__(t, intent, run_claims=variant.run_claims)
-            self.record = TimedRecord(activity.client(), intent, variant, sink)
-            self.variant, self.sink = variant, sink
-
-        def _check_intent(self) -> None:
-            t0 = time.perf_counter()
-            super()._check_intent()
-            self.sink.stages["check intent (hash, key)"].append(time.perf_counter() - t0)
-
-        async def _claim_and_beat(self) -> bool:
-            t0 = time.perf_counter()
-            if self.variant.no_claim:  # what the rest of a call costs: not a protocol
-                self.claimed = True
-                return True
-            if not self.variant.sequential:
-                try:
-                    return await super()._claim_and_beat()
-                finally:
-                    self.sink.stages["claim || heartbeat"].append(time.perf_counter() - t0)
-            # before the gather: claim, and only once the record exists the heartbeat
-            if self.previous_phase == "calling":
-                return False
-            claimed = await self.record.claim(self.owner, self.info.attempt)
-            if claimed:
-                await self.beat({"phase": "calling", "attempt": self.info.attempt})
-            self.sink.stages["claim, then heartbeat"].append(time.perf_counter() - t0)
-            return claimed
+    class TimedMarkers(Markers):
+        variant: Variant
+        sink: Sink
 
         async def beat(self, details: dict[str, Any], *a: Any, **kw: Any) -> None:
             if self.variant.no_beat and details.get("phase") == "calling":
@@ -512,6 +489,10 @@ def timed_activity_factory() -> Callable[[Any, Variant, Sink], Callable[..., Awa
                 await super().beat(details, *a, **kw)
             finally:
                 self.sink.stages["heartbeat RPC (sync)"].append(time.perf_counter() - t0)
+
+    class TimedCall(ToolCall):
+        variant: Variant
+        sink: Sink
 
         async def _report(self, value: Any) -> bool:
             if self.variant.done_marker:
@@ -528,6 +509,44 @@ def timed_activity_factory() -> Callable[[Any, Variant, Sink], Callable[..., Awa
                 return await super()._invoke(beat_phase)
             finally:
                 self.sink.stages["invoke tool (+keepalive task)"].append(time.perf_counter() - t0)
+
+    class TimedAttempt(Attempt):
+        markers_type = TimedMarkers
+
+        def __init__(self, t: Any, intent: Any, variant: Variant, sink: Sink) -> None:
+            super().__init__(t, intent, run_claims=variant.run_claims)
+            self.variant, self.sink = variant, sink
+            m = self.markers
+            assert isinstance(m, TimedMarkers)
+            m.variant, m.sink = variant, sink
+            m.record = TimedRecord(activity.client(), intent, variant, sink)
+
+        def _check_intent(self) -> None:
+            t0 = time.perf_counter()
+            super()._check_intent()
+            self.sink.stages["check intent (hash, key)"].append(time.perf_counter() - t0)
+
+        async def _claim_and_beat(self) -> bool:
+            t0 = time.perf_counter()
+            if self.variant.no_claim:  # what the rest of a call costs: not a protocol
+                return True
+            if not self.variant.sequential:
+                try:
+                    return await super()._claim_and_beat()
+                finally:
+                    self.sink.stages["claim || heartbeat"].append(time.perf_counter() - t0)
+            # before the gather: claim, and only once the record exists the heartbeat
+            m = self.markers
+            claimed = await m.record.claim(m.owner, self.info.attempt)
+            if claimed:
+                await m.beat(m.calling())
+            self.sink.stages["claim, then heartbeat"].append(time.perf_counter() - t0)
+            return claimed
+
+        def tool_call(self, d: Decision) -> ToolCall:
+            call = TimedCall(self.markers, owns=d.owns, fast=d.fast)
+            call.variant, call.sink = self.variant, self.sink
+            return call
 
     def timed_activity(t: Any, variant: Variant, sink: Sink) -> Callable[..., Awaitable[Any]]:
         async def run(wire: WireIntent) -> Any:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from temporalio import activity, workflow
 from temporalio.common import MetricMeter
@@ -26,12 +26,10 @@ from temporalio.exceptions import ApplicationError
 
 from ._errors import AmbiguousOutcome, IntentConflict, InvalidCall, NotExecuted
 from ._errors import ResultNotSerializable as _Unserializable
+from ._model import Intent
 from ._tracing import call_span
 from ._verdicts import CallAbandoned
 from .approvals._binding import ApprovalDenied, ApprovalExpired, ApprovalMissing
-
-if TYPE_CHECKING:
-    from exactcall.activities._runner import Attempt
 
 __all__ = [
     "APPROVALS_PENDING",
@@ -100,6 +98,19 @@ def count(name: str, **attributes: str) -> None:
 
 
 # -- tool activities --------------------------------------------------------------------------
+class Attempt(Protocol):
+    """What the outcome metric reads of a tool activity's attempt (``activities._runner``)."""
+
+    @property
+    def intent(self) -> Intent: ...
+    @property
+    def info(self) -> activity.Info: ...
+    @property
+    def previous_phase(self) -> str | None: ...
+    @property
+    def deduplicated(self) -> bool: ...
+
+
 @contextlib.contextmanager
 def observed_attempt(attempt: Attempt) -> Iterator[None]:
     """Around one attempt: its span (when OpenTelemetry is in use) and the call's outcome."""

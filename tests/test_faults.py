@@ -21,8 +21,8 @@ from exactcall._model import Owner, RecordEvent
 from exactcall._server import DevServer
 from exactcall._verdicts import Settled, reconcile_id
 from exactcall.activities import Record
+from exactcall.activities._calling import LATE_ATTEMPT
 from exactcall.activities._cancelling import FAIL_STOP_EXIT
-from exactcall.activities._runner import LATE_ATTEMPT
 from exactcall.demo.bank import Bank
 from exactcall.reconciliation import list_unresolved
 from exactcall.testing import EffectCounter, FaultProxy, WorkerProcess

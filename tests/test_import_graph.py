@@ -1,7 +1,8 @@
 """The library's import graph has no circles (issue 34 §7): a module imported when the package
 loads never needs, directly or through others, a module that needs it back. Counted: the
-imports a module runs when it loads (its top level, ``try`` blocks included); not counted:
-``if TYPE_CHECKING:`` blocks and imports inside functions."""
+imports a module runs when it loads (its top level, ``try`` blocks included) and the ones it
+makes for its types (``if TYPE_CHECKING:`` blocks: a type-only circle is a circle of design,
+issue 34 §2); not counted: imports inside functions."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def _imports_at_load(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
     nodes = list(ast.parse(path.read_text()).body)
     while nodes:
         node = nodes.pop()
-        if isinstance(node, ast.Try):
+        typing_only = isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        if isinstance(node, ast.Try) or typing_only:
             nodes += node.body
         elif isinstance(node, ast.Import):
             out |= {a.name for a in node.names}
@@ -91,9 +93,15 @@ def test_a_circle_is_found(tmp_path: Path) -> None:
     (tmp_path / "c.py").write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import a\n"
     )
+    # a circle closed by an import for types only (as activities._cancelling's Attempt was)
+    (tmp_path / "d.py").write_text("from .e import y\n")
+    (tmp_path / "e.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .d import z\n"
+    )
     PACKAGES["exactcall.fixture"] = tmp_path
     try:
         assert ["exactcall.fixture.a", "exactcall.fixture.b"] in circles()
+        assert ["exactcall.fixture.d", "exactcall.fixture.e"] in circles()
         assert not any("exactcall.fixture.c" in c for c in circles())
     finally:
         del PACKAGES["exactcall.fixture"]

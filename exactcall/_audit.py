@@ -37,6 +37,8 @@ from ._wire import (
     RECONCILE_WORKFLOW,
     RECORD_WORKFLOW,
     RUN_CLAIM_WORKFLOW,
+    SESSION_LOCK_WORKFLOW,
+    session_id_prefix,
     undo_id,
 )
 
@@ -70,7 +72,7 @@ OUTCOMES = (
 """What ``--outcome`` takes. ``unknown`` also matches every call whose outcome was unknown
 before its reconciliation settled it."""
 
-_OWN_TYPES = (RECORD_WORKFLOW, RECONCILE_WORKFLOW, RUN_CLAIM_WORKFLOW)
+_OWN_TYPES = (RECORD_WORKFLOW, RECONCILE_WORKFLOW, RUN_CLAIM_WORKFLOW, SESSION_LOCK_WORKFLOW)
 _PREFETCH = 6
 
 
@@ -89,9 +91,11 @@ class AuditFilter:
         parts = [f"WorkflowType NOT IN ({own})"]
         if self.workflow and self.workflow.endswith("*"):
             parts.append(f"WorkflowId STARTS_WITH {_quote(self.workflow[:-1])}")
-        elif self.workflow:  # and the undos `exactcall undo` made of its calls
+        elif self.workflow:  # and the undos `exactcall undo` made of its calls, and the
+            # calls of the exactcall.session of that id
             ids = (_quote(self.workflow), _quote(undo_id(self.workflow)))
-            parts.append(f"WorkflowId IN ({', '.join(ids)})")
+            calls = _quote(session_id_prefix(self.workflow) + "/")
+            parts.append(f"(WorkflowId IN ({', '.join(ids)}) OR WorkflowId STARTS_WITH {calls})")
         if self.since:
             parts.append(f"(CloseTime >= '{_iso(self.since)}' OR ExecutionStatus = 'Running')")
         if self.until:

@@ -194,7 +194,12 @@ def _parser() -> argparse.ArgumentParser:
     df = sub.add_parser(
         "diff", help="the tool calls of two runs side by side (exit 1 when a side effect differs)"
     )
-    df.add_argument("a", metavar="A", help="a workflow id (its latest run), ID:RUN_ID, or a file")
+    df.add_argument(
+        "a",
+        metavar="A",
+        help="a workflow id (its latest run), ID:RUN_ID, session:ID (an exactcall.session's "
+        "calls), or a file",
+    )
     df.add_argument("b", metavar="B", help="the same, for the other run")
     df.add_argument(
         "--tools",

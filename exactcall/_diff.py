@@ -2,7 +2,8 @@
 
 Each run is a workflow id (its latest run), ``ID:RUN_ID``, a history JSON file (as
 ``temporal workflow show --output json`` and ``exactcall history export`` write it), or, in the
-test kit, a ``WorkflowHistory`` or a list of intents. A step is *same* (tool, arguments and
+test kit, a ``WorkflowHistory`` or a list of intents; ``session:ID`` is every call of the
+``exactcall.session`` ID. A step is *same* (tool, arguments and
 version), *changed* (the arguments that differ, old and new; another tool at that step is a
 change too), *only in A* or *only in B*. A read-only tool's step is shown but never makes the
 two runs differ: only side effects count.
@@ -19,13 +20,18 @@ from typing import Any
 from temporalio.client import Client, WorkflowHistory
 from temporalio.converter import DataConverter
 
+from ._audit import _quote
 from ._errors import UnknownTool
 from ._history import HistoryCall
 from ._model import Intent
 from ._replay import ABSENT, arg_differences, change_text, load_history, recorded_calls
 from ._tool import get_tool
+from ._wire import session_id_prefix
 
-__all__ = ["CallDiff", "StepDiff", "calls_of", "diff_calls"]
+__all__ = ["SESSION", "CallDiff", "StepDiff", "calls_of", "diff_calls"]
+
+SESSION = "session:"
+"""``session:ID``: the calls of an ``exactcall.session``."""
 
 
 @dataclass
@@ -149,7 +155,7 @@ async def calls_of(
     source: Any, conv: DataConverter, client: Client | None = None
 ) -> Sequence[Call]:
     """The calls of one run: a list of intents, a ``WorkflowHistory``, a history JSON file,
-    or (with ``client``) a workflow id or ``ID:RUN_ID``."""
+    or (with ``client``) a workflow id, ``ID:RUN_ID`` or ``session:ID``."""
     if isinstance(source, list):
         return list(source)
     if isinstance(source, WorkflowHistory):
@@ -169,9 +175,23 @@ async def calls_of(
         return await recorded_calls(history, conv)
     if client is None:
         raise ValueError(f"{text}: a workflow id needs a server (--address)")
+    if text.startswith(SESSION):
+        return await _session_calls(text[len(SESSION) :], conv, client)
     wid, _, run_id = text.partition(":")
     handle = client.get_workflow_handle(wid, run_id=run_id or None)
     return await recorded_calls(await handle.fetch_history(), conv)
+
+
+async def _session_calls(session: str, conv: DataConverter, client: Client) -> list[Call]:
+    """The calls of an ``exactcall.session``: one per call workflow of that session."""
+    prefix = _quote(session_id_prefix(session) + "/")
+    out: list[Call] = []
+    async for ex in client.list_workflows(f"WorkflowId STARTS_WITH {prefix}"):
+        handle = client.get_workflow_handle(ex.id, run_id=ex.run_id)
+        out += await recorded_calls(await handle.fetch_history(), conv)
+    if not out:
+        raise ValueError(f"session {session!r} has no calls on this server")
+    return out
 
 
 def _side(name: str, value: Any) -> dict[str, Any]:

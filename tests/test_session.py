@@ -17,7 +17,11 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.worker import Replayer
 
 import exactcall
+from exactcall._audit import AuditFilter, audit_rows
+from exactcall._cli import main as cli_main
+from exactcall._diff import calls_of, diff_calls
 from exactcall._server import DevServer
+from exactcall._wire import session_call_id
 from exactcall.approvals import approve, list_pending
 from exactcall.demo.bank import Bank
 from exactcall.session._lock import SessionLock
@@ -30,6 +34,7 @@ from tests.session_app import (
     session_pay_approved,
 )
 from tests.test_replay import load
+from tests.undo_app import saga_pay
 
 pytestmark = pytest.mark.asyncio
 HISTORIES = ROOT / "tests" / "histories" / "session"
@@ -172,6 +177,39 @@ async def test_a_session_inside_a_workflow_says_to_use_exactcall_call(
         with pytest.raises(WorkflowFailureError) as info:
             await handle.result()
     assert "inside a workflow use exactcall.call(tool, ...)" in str(info.value.cause)
+
+
+async def test_audit_diff_and_undo_see_session_calls(
+    server: DevServer, client: Client, bank: Bank, who: str
+) -> None:
+    a, b = sid(), sid()
+    async with exactcall.session(b, client=client) as s:
+        for n in (10, 25):
+            await s.call(saga_pay, bank.url, n, who)
+    async with exactcall.session(a, client=client) as s:
+        for n in (10, 20):
+            await s.call(saga_pay, bank.url, n, who)
+        rows = [r async for r in audit_rows(client, AuditFilter(workflow=a))]
+        assert sorted((r["step"], r["outcome"]) for r in rows) == [
+            ("saga_pay#1", "done"),
+            ("saga_pay#2", "done"),
+        ]
+        conv = client.data_converter
+        d = diff_calls(
+            await calls_of(f"session:{a}", conv, client),
+            await calls_of(f"session:{b}", conv, client),
+        )
+        assert sorted((x.step, x.status) for x in d.steps) == [
+            ("saga_pay#1", "same"),
+            ("saga_pay#2", "changed"),
+        ]
+        # exactcall undo of a session call: run by the session's worker, once
+        wid = session_call_id(a, "saga_pay#2")
+        for _ in range(2):
+            argv = ["undo", wid, "--yes", "--address", server.address]
+            assert await asyncio.to_thread(cli_main, argv) == 0
+    assert bank.count(f"{who}:refund") == 1
+    assert bank.count(who) == 4
 
 
 @pytest.mark.parametrize(

@@ -75,10 +75,18 @@ def _layout(title: str, body: str, who: str | None = None, csrf: str | None = No
 
 
 def _when(t: datetime) -> str:
-    left = t - datetime.now(UTC)
-    secs = int(left.total_seconds())
-    rel = "expired" if secs <= 0 else f"in {secs // 3600}h {secs % 3600 // 60}m {secs % 60}s"
+    secs = int((t - datetime.now(UTC)).total_seconds())
+    rel = f"in {_span(secs)}" if secs > 0 else f"expired {_span(-secs)} ago"
     return f'<span title="{t.isoformat()}">{t:%Y-%m-%d %H:%M:%S} UTC ({rel})</span>'
+
+
+def _ago(t: datetime) -> str:
+    secs = max(0, int((datetime.now(UTC) - t).total_seconds()))
+    return f'<span title="{t.isoformat()}">{t:%Y-%m-%d %H:%M:%S} UTC ({_span(secs)} ago)</span>'
+
+
+def _span(secs: int) -> str:
+    return f"{secs // 3600}h {secs % 3600 // 60}m {secs % 60}s"
 
 
 def _call_url(r: ApprovalRequest) -> str:
@@ -135,7 +143,7 @@ def call_status(r: ApprovalRequest | None, shown_hash: str, gone: str = "") -> s
             '<p class="warn" id="changed">The call changed since this page was loaded: its '
             f"arguments now hash to <code>{escape(r.args_hash)}</code>. Reload to read them.</p>"
         )
-    return f'<p class="muted" id="waiting">Still waiting. {why_waits(r)}.</p>'
+    return f'<p class="muted" id="waiting">Still waiting: {why_waits(r)}.</p>'
 
 
 def call_page(r: ApprovalRequest, who: str, csrf: str, signing: str) -> str:
@@ -151,7 +159,7 @@ def call_page(r: ApprovalRequest, who: str, csrf: str, signing: str) -> str:
         f'<table><tr><th>Workflow</th><td><a href="/run?{escape(urlencode({"wf": r.workflow_id}))}'
         f'">{escape(r.workflow_id)}</a></td></tr>'
         f"<tr><th>Asked by</th><td>{escape(r.requested_by or '(not named)')}</td></tr>"
-        f"<tr><th>Asked at</th><td>{_when(r.requested_at)}</td></tr>"
+        f"<tr><th>Asked at</th><td>{_ago(r.requested_at)}</td></tr>"
         f"<tr><th>Expires</th><td>{_when(r.expires_at)}</td></tr>"
         f'<tr><th>Args hash</th><td><code class="hash" id="hash">{escape(r.args_hash)}</code>'
         "</td></tr></table><h2>Exact arguments</h2>"

@@ -133,7 +133,14 @@ async def test_an_approver_sees_a_call_arrive_live_approves_it_and_it_runs_once(
 
 
 async def test_a_stale_page_approving_after_the_arguments_changed_runs_nothing(
-    client: Client, inbox_worker: None, inbox: Any, browser: Any, bank: Bank, who: str, tq: str
+    client: Client,
+    inbox_worker: None,
+    inbox: Any,
+    browser: Any,
+    receiver: Receiver,
+    bank: Bank,
+    who: str,
+    tq: str,
 ) -> None:
     proc, tokens = inbox
     handle = await client.start_workflow(
@@ -156,6 +163,13 @@ async def test_a_stale_page_approving_after_the_arguments_changed_runs_nothing(
     assert v.pending == changed.pending  # still waiting, nothing decided
     assert not any(r.accepted for r in v.decisions)
     assert bank.count(to=who) == 0
+    # one approval_requested per call: the first and its replacement
+    requested = await eventually(
+        lambda: asyncio.sleep(0, receiver.events(handle.id, "approval_requested")),
+        lambda e: len(e) == 2,
+    )
+    hashes = [first.args_hash, changed.pending[0].args_hash]
+    assert sorted(e["args_hash"] for e in requested) == sorted(hashes)
     await approvals.deny(
         client, handle.id, "pay", args_hash=changed.pending[0].args_hash, by="ops", reason="test"
     )

@@ -59,6 +59,16 @@ def session_pay_approved(bank: str, amount: int, to: str) -> dict[str, Any]:
     return _pay(bank, amount, to, exactcall.idempotency_headers())
 
 
+SESSION_BUDGET = exactcall.Budget(
+    "session-test", limit=15, per=timedelta(days=1), measure="amount", on_exceed="refuse"
+)
+
+
+@exactcall.tool(budgets=[SESSION_BUDGET], provider_idempotent=True, heartbeat_timeout=FAST)
+def session_pay_budgeted(bank: str, amount: int, to: str) -> dict[str, Any]:
+    return post_payment(bank, amount, to, exactcall.idempotency_headers())
+
+
 @workflow.defn(name="SessionInsideAWorkflow")
 class SessionInsideAWorkflow:
     """Misuse: a session opened in workflow code."""

@@ -32,6 +32,7 @@ from tests.session_app import (
     SessionInsideAWorkflow,
     session_pay,
     session_pay_approved,
+    session_pay_budgeted,
 )
 from tests.test_replay import load
 from tests.undo_app import saga_pay
@@ -132,6 +133,14 @@ async def test_an_approval_waits_and_wait_false_raises_the_approve_command(
         await approve(client, err.workflow_id, err.step, args_hash=err.args_hash, by="test")
         receipt = await waiting
     assert receipt["amount"] == 10
+    assert bank.count(who) == 1
+
+
+async def test_a_budget_counts_session_calls(client: Client, bank: Bank, who: str) -> None:
+    async with exactcall.session(sid(), client=client) as s:
+        await s.call(session_pay_budgeted, bank.url, 10, who)
+        with pytest.raises(exactcall.BudgetExceeded, match="session-test"):
+            await s.call(session_pay_budgeted, bank.url, 10, who)
     assert bank.count(who) == 1
 
 

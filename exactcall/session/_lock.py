@@ -39,8 +39,9 @@ LEASE = timedelta(seconds=4)
 """How long after its last heartbeat a holder that went quiet (killed) loses the session."""
 BEAT = 0.5
 """How often the holding process heartbeats (seconds)."""
-ACQUIRE_WAIT = LEASE * 2
-"""How long an open waits for the holder's lease to run out before it is refused."""
+ACQUIRE_WAIT = LEASE * 2 + timedelta(seconds=4)
+"""How long an open waits for the holder's lease to run out before it is refused (the lease,
+then the lock's next task, which first waits out the dead holder's sticky queue)."""
 SESSION_BUSY = "SessionBusy"
 
 

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -45,8 +46,14 @@ def sid() -> str:
     return f"order-{uuid.uuid4().hex[:10]}"
 
 
-def run_app(server: DevServer, *args: str, die: int | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TEMPORAL_ADDRESS": server.address, "TEMPORAL_NAMESPACE": "default"}
+def run_app(
+    server: DevServer | None, *args: str, die: int | None = None, home: Path | None = None
+) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TEMPORAL_")}
+    if server is not None:
+        env.update(TEMPORAL_ADDRESS=server.address, TEMPORAL_NAMESPACE="default")
+    if home is not None:
+        env["EXACTCALL_HOME"] = str(home)
     env.pop(DIE_ENV, None)
     if die is not None:
         env[DIE_ENV] = str(die)
@@ -98,6 +105,19 @@ async def test_a_process_killed_after_the_payment_leaves_it_to_temporal(
     assert r10 == receipts(killed.stdout)[0]  # recorded: not paid again
     assert r20["found_by"] == "probe"  # the unknown outcome's verdict: landed
     assert bank.count(who) == 2  # plain Python would have paid 4 times by now
+
+
+async def test_without_a_configured_temporal_a_session_uses_the_embedded_server(
+    bank: Bank, who: str, tmp_path: Path
+) -> None:
+    s_id = sid()
+    first = await asyncio.to_thread(run_app, None, s_id, bank.url, who, home=tmp_path)
+    assert first.returncode == 0, first.stderr
+    again = await asyncio.to_thread(run_app, None, s_id, bank.url, who, home=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert receipts(again.stdout) == receipts(first.stdout)  # kept in its database
+    assert bank.count(who) == 2
+    assert (tmp_path / "mcp" / "temporal.db").exists()
 
 
 async def test_a_plain_tool_killed_after_the_payment_is_unknown_never_re_sent(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Coroutine
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,7 +21,7 @@ from temporalio.client import Client
 
 from exactcall._audit import AuditFilter, audit_rows
 from exactcall._serve import ServedHTTP
-from exactcall.approvals import list_pending, load_signing_key, view
+from exactcall.approvals import ApprovalRequest, list_pending, load_signing_key, view
 
 from . import _pages as pages
 from ._auth import COOKIE, Authenticator, Identity, TokenAuth
@@ -31,6 +32,7 @@ __all__ = ["EventLoop", "Inbox"]
 T = TypeVar("T")
 MAX_FORM = 64 * 1024
 RUN_ROWS = 200
+LIST_EVERY = 0.5
 
 
 class EventLoop:
@@ -64,6 +66,7 @@ class Inbox(ServedHTTP):
     ) -> None:
         self.client, self.loop, self.auth = client, loop, auth
         self.host, self.port, self.keys_dir = host, port, keys_dir
+        self._listed: tuple[float, list[ApprovalRequest]] | None = None
 
     def _make_server(self) -> ThreadingHTTPServer:
         inbox = self
@@ -74,6 +77,13 @@ class Inbox(ServedHTTP):
         server = ThreadingHTTPServer((self.host, self.port), Handler)
         server.daemon_threads = True
         return server
+
+    async def pending(self) -> list[ApprovalRequest]:
+        """The waiting calls, read at most every ``LIST_EVERY`` seconds however many pages are
+        open (each polls every second)."""
+        if self._listed is None or time.monotonic() - self._listed[0] > LIST_EVERY:
+            self._listed = (time.monotonic(), await list_pending(self.client))
+        return self._listed[1]
 
     def signing_note(self, who: str) -> str:
         if self.keys_dir is None:
@@ -163,10 +173,10 @@ class _Handler(BaseHTTPRequestHandler):
             csrf = self.app.auth.csrf(who)
             q = self._query()
             if path == "/":
-                reqs = self.app.loop.run(list_pending(self.app.client))
+                reqs = self.app.loop.run(self.app.pending())
                 return self._send(HTTPStatus.OK, pages.inbox_page(reqs, who.name, csrf))
             if path == "/pending.part":
-                reqs = self.app.loop.run(list_pending(self.app.client))
+                reqs = self.app.loop.run(self.app.pending())
                 return self._send(HTTPStatus.OK, pages.pending_rows(reqs))
             if path in ("/call", "/call.part") and "wf" in q and "step" in q:
                 return self._call(path, q, who, csrf)

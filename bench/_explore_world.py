@@ -371,9 +371,10 @@ def _is(p: dict[str, Any], wid: str, amount: int) -> bool:
 
 
 async def _result(run: Run, handle: Any, wait: float) -> list[dict[str, Any]]:
-    """The workflow's result, approving its pending call with the exact hash every few
-    seconds while it waits (the person who comes by at the end); raises if it does not end
-    within ``wait``."""
+    """The workflow's result, approving its pending call with the exact hash and resolving
+    its parked calls truthfully every few seconds while it waits (the person who comes by at
+    the end: a call whose probe said "not landed" again after a re-run waits for one); raises
+    if it does not end within ``wait``."""
     deadline = time.monotonic() + wait
     i = int(handle.id.rsplit("-w", 1)[1])
     asked = 0.0
@@ -385,8 +386,11 @@ async def _result(run: Run, handle: Any, wait: float) -> list[dict[str, Any]]:
         if time.monotonic() > deadline:
             raise TimeoutError(f"still running after {wait:.0f} s")
         if time.monotonic() - asked > 3:
+            asked = time.monotonic()
             pending = await approvals.list_pending(run.world.client)
             if any(r.workflow_id == handle.id for r in pending):
-                asked = time.monotonic()
                 await run.do({"op": "approve", "wf": i})
+            parked = await reconciliation.list_unresolved(run.world.client)
+            if any(r.workflow_id == handle.id for r in parked):
+                await run.do({"op": "resolve", "wf": i})
         await asyncio.sleep(0.5)

@@ -34,6 +34,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -388,10 +389,11 @@ async def amain(ns: argparse.Namespace) -> int:
         )
         return 2
     server = None
-    home = tempfile.TemporaryDirectory(prefix="exactcall-soak-server-")
+    db = None
     if ns.address is None:
-        # on a database file when it is to be killed and restarted on it
-        db = Path(home.name) / "temporal.db" if "server" in cfg.faults else None
+        # on a database file when it is to be killed and restarted on it (kept on a failure)
+        if "server" in cfg.faults:
+            db = Path(tempfile.mkdtemp(prefix="exactcall-soak-server-")) / "temporal.db"
         server = DevServer(fast=not ns.default_server, db=db).start()
         watch(server.pid)
     address = ns.address or server.address  # type: ignore[union-attr]
@@ -420,7 +422,11 @@ async def amain(ns: argparse.Namespace) -> int:
     finally:
         if server is not None:
             server.stop()
-        home.cleanup()
+    failed = report["duplicates"] or report["lost"]
+    if db is not None and failed:
+        print(f"the server's database, to read the runs: exactcall server --db {db}")
+    elif db is not None:
+        shutil.rmtree(db.parent, ignore_errors=True)
     report["loadavg"] = {"before": load0, "after": os.getloadavg()}
     report["started"] = datetime.now(UTC).isoformat(timespec="seconds")
     print_report(report)
@@ -428,7 +434,7 @@ async def amain(ns: argparse.Namespace) -> int:
         ns.json.parent.mkdir(parents=True, exist_ok=True)
         ns.json.write_text(json.dumps(report, indent=1))
         print(f"figures: {ns.json}")
-    return 1 if report["duplicates"] or report["lost"] else 0
+    return 1 if failed else 0
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -3,7 +3,7 @@
 
 import sys
 
-from exactcall._cli import entry
+from exactcall.cli._main import entry
 
 if __name__ == "__main__":
     sys.argv[1:1] = ["worker"]

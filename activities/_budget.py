@@ -36,7 +36,6 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from exactcall._budget import BatchAnswer, ChargeAnswer, ChargeBatch, ChargeOp, ledger_input
 from exactcall._wire import (
     BUDGET_ACTIVITY,
     BUDGET_BATCH_SIGNAL,
@@ -45,6 +44,7 @@ from exactcall._wire import (
     BUDGET_TASK_QUEUE,
     BUDGET_WORKFLOW,
 )
+from exactcall.budgets._budget import BatchAnswer, ChargeAnswer, ChargeBatch, ChargeOp, ledger_input
 
 __all__ = ["STATS", "budget_charge"]
 

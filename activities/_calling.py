@@ -18,17 +18,16 @@ from exactcall._canonical import to_json_value
 from exactcall._context import running
 from exactcall._crash import maybe_crash, note_execution
 from exactcall._errors import AmbiguousOutcome, InvalidCall, NotExecuted, ResultNotSerializable
-from exactcall._verdicts import (
+from exactcall.activities._cancelling import ToolCancelled, durably
+from exactcall.activities._claim import holding
+from exactcall.activities._markers import Markers, describe
+from exactcall.reconciliation._verdicts import (
     RESOLVE_SIGNAL,
     STATE_QUERY,
     ReconcileState,
     Resolution,
     reconcile_id,
 )
-
-from ._cancelling import ToolCancelled, durably
-from ._claim import holding
-from ._markers import Markers, describe
 
 __all__ = ["LATE_ATTEMPT", "REPORTED", "ToolCall"]
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from exactcall._canonical import args_hash, derive_key
 from exactcall._errors import InvalidCall
-from exactcall._verdicts import reconcile_id
+from exactcall.activities._markers import Markers
 from exactcall.approvals._binding import ApprovalMissing
-
-from ._markers import Markers
+from exactcall.reconciliation._verdicts import reconcile_id
 
 __all__ = ["check_intent"]
 

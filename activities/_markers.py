@@ -19,18 +19,17 @@ from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from exactcall._errors import ExactcallError
 from exactcall._model import Intent, Owner, RecordEvent
 from exactcall._tool import Tool
-from exactcall._undo import is_undo_step
-from exactcall._verdicts import (
+from exactcall._wire import SETTLE_PREFIX, undo_id
+from exactcall.activities._cancelling import BY_WORKFLOW, Cancellation, durably
+from exactcall.activities._claim import Claim, clock
+from exactcall.activities._records import Record, RecordView
+from exactcall.reconciliation._verdicts import (
     RECONCILE_WORKFLOW,
     reconcile_id,
     reconcile_input,
     reconcile_start_options,
 )
-from exactcall._wire import SETTLE_PREFIX, undo_id
-
-from ._cancelling import BY_WORKFLOW, Cancellation, durably
-from ._claim import Claim, clock
-from ._records import Record, RecordView
+from exactcall.undo._undo import is_undo_step
 
 __all__ = ["Markers", "describe"]
 

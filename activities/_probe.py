@@ -16,10 +16,9 @@ from exactcall._crash import maybe_crash
 from exactcall._errors import ExactcallError
 from exactcall._model import Intent, RecordEvent
 from exactcall._tool import Tool
-from exactcall._verdicts import Settled, Verdict, to_verdict
 from exactcall._wire import AWAIT_SETTLED, MARK_RECORD, probe_activity_name
-
-from ._records import Record
+from exactcall.activities._records import Record
+from exactcall.reconciliation._verdicts import Settled, Verdict, to_verdict
 
 __all__ = ["await_settled", "mark_record", "probe_activity"]
 

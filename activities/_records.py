@@ -35,11 +35,10 @@ from temporalio.service import RPCError, RPCStatusCode
 from exactcall._errors import ExactcallError
 from exactcall._model import Intent, Owner, RecordEvent, RecordInit, RecordState
 from exactcall._ui import call_summary
-from exactcall._undo import is_undo_step
-from exactcall._verdicts import reconcile_id
 from exactcall._wire import MARK_SIGNAL, RECORD_WORKFLOW, record_id, undo_id
-
-from . import _runs as runs
+from exactcall.activities import _runs as runs
+from exactcall.reconciliation._verdicts import reconcile_id
+from exactcall.undo._undo import is_undo_step
 
 __all__ = ["RECORD_LIFETIME", "Record", "RecordView", "record_timing"]
 

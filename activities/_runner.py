@@ -50,13 +50,10 @@ from exactcall._errors import (
 from exactcall._metrics import observed_attempt
 from exactcall._model import Intent, WireIntent
 from exactcall._tool import Tool
-from exactcall._undo import is_undo_step
-from exactcall._verdicts import CallAbandoned
-
-from . import _runs as runs
-from ._calling import REPORTED, ToolCall
-from ._cancelling import durably
-from ._decision import (
+from exactcall.activities import _runs as runs
+from exactcall.activities._calling import REPORTED, ToolCall
+from exactcall.activities._cancelling import durably
+from exactcall.activities._decision import (
     ABSENT,
     LEARN,
     Absent,
@@ -70,9 +67,11 @@ from ._decision import (
     Source,
     decide,
 )
-from ._guards import check_intent
-from ._markers import Markers
-from ._records import RecordView
+from exactcall.activities._guards import check_intent
+from exactcall.activities._markers import Markers
+from exactcall.activities._records import RecordView
+from exactcall.reconciliation._verdicts import CallAbandoned
+from exactcall.undo._undo import is_undo_step
 
 __all__ = ["tool_activity"]
 

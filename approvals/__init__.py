@@ -6,7 +6,7 @@ canonical arguments. These functions send decisions and read pending calls; the 
 CLI is a thin layer over them.
 """
 
-from ._binding import (
+from exactcall.approvals._binding import (
     DECIDE_SIGNAL,
     PENDING_ATTRIBUTE,
     PENDING_MEMO,
@@ -22,7 +22,7 @@ from ._binding import (
     DecisionRecord,
     signed_payload,
 )
-from ._client import (
+from exactcall.approvals._client import (
     DecisionResult,
     approve,
     decide,

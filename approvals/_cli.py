@@ -11,8 +11,7 @@ from typing import Any
 from temporalio.client import Client
 
 from exactcall._confirm import confirm_at_terminal
-
-from . import (
+from exactcall.approvals import (
     ApprovalRequest,
     DecisionResult,
     decide,

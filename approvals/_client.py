@@ -22,8 +22,7 @@ from temporalio.converter import WorkflowSerializationContext
 
 from exactcall._canonical import args_hash
 from exactcall._confirm import confirm_by_query
-
-from ._binding import (
+from exactcall.approvals._binding import (
     DECIDE_SIGNAL,
     PENDING_ATTRIBUTE,
     PENDING_MEMO,

@@ -32,7 +32,7 @@ from temporalio.api.enums.v1 import EventType, TimeoutType
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from exactcall._verdicts import reconcile_id
+from exactcall.reconciliation._verdicts import reconcile_id
 
 Attempts = dict[tuple[str, str], list[dict[str, Any]]]
 HEADLINE = (

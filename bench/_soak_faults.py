@@ -30,7 +30,7 @@ from typing import Any
 
 from bench._fleet import Fleet
 from bench._soak_count import Fault
-from exactcall._chaos import WRITE_METHODS, ChaosProxy
+from exactcall.dev._chaos import WRITE_METHODS, ChaosProxy
 from exactcall.testing import DevServer
 
 KINDS = ("worker", "freeze", "partition", "server", "provider")

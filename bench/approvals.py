@@ -233,8 +233,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 async def amain(args: argparse.Namespace) -> int:
     import temporalio
 
-    from exactcall._server import FAST_CONFIG, DevServer
     from exactcall._worker import Connection, build_worker, connect
+    from exactcall.dev._server import FAST_CONFIG, DevServer
 
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     json_path = args.json or HERE / "results" / f"approvals-{stamp}.json"

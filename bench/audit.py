@@ -32,10 +32,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._bench_workflows import BareCalls, ExactCalls
-from exactcall._audit import AuditFilter, audit_rows, export
 from exactcall._log import configure_logging
-from exactcall._server import DevServer
 from exactcall._worker import Connection, build_worker, connect
+from exactcall.dev._server import DevServer
+from exactcall.evidence._audit import AuditFilter, audit_rows, export
 
 
 async def make_runs(client: Any, prefix: str, workflows: int, calls: int) -> float:

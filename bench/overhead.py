@@ -93,7 +93,7 @@ def server_cpu_s(pid: int | None) -> float | None:
 
 
 def temporal_version() -> str:
-    from exactcall._server import temporal_binary
+    from exactcall.dev._server import temporal_binary
 
     try:
         out = subprocess.run(
@@ -929,8 +929,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 async def amain(args: argparse.Namespace) -> int:
     import temporalio
 
-    from exactcall._server import FAST_CONFIG, DevServer, free_port
     from exactcall._worker import Connection, build_worker, connect
+    from exactcall.dev._server import FAST_CONFIG, DevServer, free_port
 
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     json_path = args.json or HERE / "results" / f"overhead-{stamp}.json"

@@ -40,10 +40,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import exactcall  # noqa: E402
-from exactcall._server import DevServer  # noqa: E402
 from exactcall._worker import Connection, build_worker, connect  # noqa: E402
 from exactcall.demo.bank import Bank  # noqa: E402
 from exactcall.demo.bank_client import post_payment  # noqa: E402
+from exactcall.dev._server import DevServer  # noqa: E402
 
 
 @exactcall.tool(provider_idempotent=True)

@@ -17,10 +17,9 @@ knows what the previous one did; a call that may have happened is never re-run b
         receipt = await s.call(pay, amount=10, to="alice")
 """
 
-from ._budget import Budget, BudgetExceeded
-from ._canonical import args_hash, canonical_json, derive_key, to_json_value
-from ._context import current_intent, idempotency_headers, idempotency_key
-from ._errors import (
+from exactcall._canonical import args_hash, canonical_json, derive_key, to_json_value
+from exactcall._context import current_intent, idempotency_headers, idempotency_key
+from exactcall._errors import (
     AmbiguousOutcome,
     ArgumentsNoLongerFit,
     ArgumentsTooLarge,
@@ -33,16 +32,17 @@ from ._errors import (
     ToolFailed,
     UnknownTool,
 )
-from ._model import Intent, RecordState
-from ._plugin import Plugin
-from ._tool import Tool, ToolOptions, get_tool, intent_hash, registered_tools, tool
-from ._undo import Done, UndoFailed, UndoReport
-from ._verdicts import CallAbandoned, Landed, NotLanded, Unknown
-from .activities._claim import check_claim, check_claim_async
-from .approvals._binding import ApprovalDenied, ApprovalExpired, ApprovalMissing
-from .session import ApprovalPending, SessionBusy, session, session_sync
-from .workflows._call import call, call_with
-from .workflows._saga import Saga, saga
+from exactcall._model import Intent, RecordState
+from exactcall._plugin import Plugin
+from exactcall._tool import Tool, ToolOptions, get_tool, intent_hash, registered_tools, tool
+from exactcall.activities._claim import check_claim, check_claim_async
+from exactcall.approvals._binding import ApprovalDenied, ApprovalExpired, ApprovalMissing
+from exactcall.budgets._budget import Budget, BudgetExceeded
+from exactcall.reconciliation._verdicts import CallAbandoned, Landed, NotLanded, Unknown
+from exactcall.session import ApprovalPending, SessionBusy, session, session_sync
+from exactcall.undo._undo import Done, UndoFailed, UndoReport
+from exactcall.workflows._call import call, call_with
+from exactcall.workflows._saga import Saga, saga
 
 __version__ = "0.1.0"
 

@@ -1,3 +1,3 @@
-from ._cli import entry
+from exactcall.cli._main import entry
 
 entry()

@@ -27,11 +27,10 @@ from temporalio.client import Client, WorkflowHistory
 from temporalio.converter import DataConverter
 from temporalio.service import RPCError
 
-from ._canonical import derive_key
-from ._history import HistoryCall, read_history
-from ._model import Intent
-from ._undo import is_undo_step, undo_step
-from ._wire import (
+from exactcall._canonical import derive_key
+from exactcall._history import HistoryCall, read_history
+from exactcall._model import Intent
+from exactcall._wire import (
     DECIDE_SIGNAL,
     MCP_PROXY_OWNED_WORKFLOW,
     MCP_PROXY_OWNER_REPORT_SIGNAL,
@@ -44,6 +43,7 @@ from ._wire import (
     VERDICT_MEMO,
     reconcile_id,
 )
+from exactcall.undo._undo import is_undo_step, undo_step
 
 __all__ = ["Approver", "RunCall", "calls_in_history", "link_undos", "settle", "with_verdicts"]
 

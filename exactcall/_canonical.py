@@ -24,9 +24,8 @@ from typing import Any
 import pydantic
 import rfc8785
 
+from exactcall._errors import InvalidCall
 from exactcall._wire import KEY_SCHEME as KEY_SCHEME
-
-from ._errors import InvalidCall
 
 __all__ = [
     "KEY_SCHEME",

@@ -6,8 +6,8 @@ import contextvars
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ._errors import ExactcallError
-from ._model import Intent
+from exactcall._errors import ExactcallError
+from exactcall._model import Intent
 
 __all__ = ["current_intent", "idempotency_headers", "idempotency_key"]
 

@@ -25,8 +25,8 @@ from typing import Any
 import structlog
 from temporalio.envconfig import ClientConfig
 
-from ._server import DevServer, port_open, state_dir
-from ._worker import Connection
+from exactcall._worker import Connection
+from exactcall.dev._server import DevServer, port_open, state_dir
 
 __all__ = [
     "EMBEDDED",

@@ -25,8 +25,8 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.converter import DataConverter
 from temporalio.exceptions import ApplicationError
 
-from ._model import Intent, intent_from_input
-from ._wire import AWAIT_SETTLED, MCP_PROXY_AWAIT_SETTLED, READ_HEADER
+from exactcall._model import Intent, intent_from_input
+from exactcall._wire import AWAIT_SETTLED, MCP_PROXY_AWAIT_SETTLED, READ_HEADER
 
 __all__ = ["HistoryCall", "RunHistory", "read_history"]
 

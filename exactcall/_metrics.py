@@ -24,12 +24,12 @@ from temporalio import activity, workflow
 from temporalio.common import MetricMeter
 from temporalio.exceptions import ApplicationError
 
-from ._errors import AmbiguousOutcome, IntentConflict, InvalidCall, NotExecuted
-from ._errors import ResultNotSerializable as _Unserializable
-from ._model import Intent
-from ._tracing import call_span
-from ._verdicts import CallAbandoned
-from .approvals._binding import ApprovalDenied, ApprovalExpired, ApprovalMissing
+from exactcall._errors import AmbiguousOutcome, IntentConflict, InvalidCall, NotExecuted
+from exactcall._errors import ResultNotSerializable as _Unserializable
+from exactcall._model import Intent
+from exactcall._tracing import call_span
+from exactcall.approvals._binding import ApprovalDenied, ApprovalExpired, ApprovalMissing
+from exactcall.reconciliation._verdicts import CallAbandoned
 
 __all__ = [
     "APPROVALS_PENDING",

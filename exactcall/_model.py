@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
-from ._canonical import derive_key
+from exactcall._canonical import derive_key
 
 __all__ = [
     "FROZEN",

@@ -32,6 +32,9 @@ from temporalio.worker import (
 )
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
+from exactcall._converter import ModelsAsPydantic, models_as_pydantic
+from exactcall._errors import ExactcallError
+from exactcall._tool import Tool, registered_tools, same_names
 from exactcall.activities import (
     await_settled,
     budget_charge,
@@ -39,15 +42,15 @@ from exactcall.activities import (
     probe_activity,
     tool_activity,
 )
+from exactcall.approvals._binding import (
+    PENDING_ATTRIBUTE,
+    ed25519_verifier,
+    unsigned_identity_warnings,
+)
+from exactcall.budgets._worker import ledger_worker
+from exactcall.reconciliation._verdicts import UNRESOLVED_ATTRIBUTE
 from exactcall.workflows import BudgetLedger, CallRecord, Reconcile, UndoRun
-
-from ._budget_worker import ledger_worker
-from ._converter import ModelsAsPydantic, models_as_pydantic
-from ._errors import ExactcallError
-from ._tool import Tool, registered_tools, same_names
-from ._verdicts import UNRESOLVED_ATTRIBUTE
-from .approvals._binding import PENDING_ATTRIBUTE, ed25519_verifier, unsigned_identity_warnings
-from .workflows._state import WorkflowConfig, inbound_class
+from exactcall.workflows._state import WorkflowConfig, inbound_class
 
 __all__ = [
     "SEARCH_ATTRIBUTES",
@@ -288,7 +291,7 @@ def _parts_for(config: WorkerConfig, has_tools: bool) -> _Parts:
 def _mcp_pool(servers: Mapping[str, Any]) -> Any:
     """The worker's MCP connections (imports the ``mcp`` extra only when MCP is used)."""
     try:
-        from .mcp._tool import McpPool
+        from exactcall.mcp._tool import McpPool
     except ImportError as exc:
         raise ExactcallError(
             f"exactcall.Plugin(mcp_servers=...) needs the MCP SDK ({exc}): "

@@ -23,8 +23,8 @@ import structlog
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 
-from ._canonical import JsonValue, args_hash, canonical_json, to_json_value
-from ._errors import (
+from exactcall._canonical import JsonValue, args_hash, canonical_json, to_json_value
+from exactcall._errors import (
     ArgumentsNoLongerFit,
     ArgumentsTooLarge,
     ExactcallError,
@@ -33,7 +33,7 @@ from ._errors import (
 )
 
 if typing.TYPE_CHECKING:
-    from ._model import Intent
+    from exactcall._model import Intent
 
 __all__ = [
     "DEFAULT_MAX_ARGS_BYTES",
@@ -210,7 +210,7 @@ class Tool:
             raise TypeError(f"{self.name!r} already has an undo: {self.undo_tool.name!r}")
 
         def wrap(f: Callable[..., Any]) -> Tool:
-            from ._undo import UNDO_SUFFIX
+            from exactcall.undo._undo import UNDO_SUFFIX
 
             if options.get("read_only"):
                 raise TypeError(f"the undo of {self.name!r} changes something: not read_only")
@@ -594,7 +594,7 @@ def _options(f: Callable[..., Any], options: dict[str, Any]) -> ToolOptions:
 
 
 def _budgets(name: str, budgets: Any, read_only: bool) -> tuple[Any, ...]:
-    from ._budget import Budget
+    from exactcall.budgets._budget import Budget
 
     out = tuple(budgets) if isinstance(budgets, list | tuple) else (budgets,)
     for b in out:

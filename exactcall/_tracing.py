@@ -18,7 +18,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from ._model import Intent
+from exactcall._model import Intent
 
 __all__ = ["SPAN_PREFIX", "TRACER_NAME", "call_span"]
 

@@ -23,12 +23,11 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from exactcall._model import Intent
+from exactcall._wire import RECONCILE_WORKFLOW, UNRESOLVED_ATTRIBUTE
 from exactcall._wire import RECORD_WORKFLOW as RECORD_TYPE
 from exactcall._wire import RUN_CLAIM_WORKFLOW as RUN_CLAIM_TYPE
-
-from ._model import Intent
-from ._wire import RECONCILE_WORKFLOW, UNRESOLVED_ATTRIBUTE
-from .approvals._binding import PENDING_ATTRIBUTE, ApprovalRequest
+from exactcall.approvals._binding import PENDING_ATTRIBUTE, ApprovalRequest
 
 __all__ = [
     "DETAILS_LIMIT",

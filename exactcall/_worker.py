@@ -20,9 +20,9 @@ from temporalio.service import TLSConfig
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-from ._crash import warn_if_unarmed
-from ._plugin import Plugin
-from ._tool import Tool
+from exactcall._crash import warn_if_unarmed
+from exactcall._plugin import Plugin
+from exactcall._tool import Tool
 
 __all__ = [
     "Connection",

@@ -37,7 +37,7 @@ import structlog
 from temporalio.client import Client
 from temporalio.runtime import OpenTelemetryConfig, PrometheusConfig, Runtime, TelemetryConfig
 
-from ._metrics import (
+from exactcall._metrics import (
     APPROVAL_DECISIONS,
     APPROVAL_REQUESTS,
     APPROVALS_PENDING,
@@ -113,8 +113,7 @@ def _otel(url: str | None, headers: Mapping[str, str] | None) -> OpenTelemetryCo
 async def backlog(client: Client) -> tuple[dict[str, int], dict[str, int]]:
     """(calls waiting for approval, parked calls), each by tool, as the server lists them."""
     from exactcall.approvals import list_pending
-
-    from .reconciliation import list_unresolved
+    from exactcall.reconciliation import list_unresolved
 
     pending: dict[str, int] = {}
     for req in await list_pending(client):
@@ -128,7 +127,7 @@ async def backlog(client: Client) -> tuple[dict[str, int], dict[str, int]]:
 async def budget_figures(client: Client) -> dict[str, tuple[float, float, float]]:
     """Each namespace budget's latest window: (spent, reserved, limit), from its ledger's memo.
     Workflow-scope budgets are left out (a series per workflow id would not stay bounded)."""
-    from ._budget import ledgers
+    from exactcall.budgets._budget import ledgers
 
     out: dict[str, tuple[float, float, float]] = {}
     async for _, v in ledgers(client):

@@ -44,10 +44,10 @@ from typing import Any
 
 import pytest
 
-from ._faults import FaultProxy
-from ._procs import EFFECTS_ENV, EffectCounter, WorkerProcess, record_effect
-from ._recorded import NotRecorded, RecordedTools, recorded_tools
-from ._server import DevServer, free_port
+from exactcall.dev._faults import FaultProxy
+from exactcall.dev._procs import EFFECTS_ENV, EffectCounter, WorkerProcess, record_effect
+from exactcall.dev._server import DevServer, free_port
+from exactcall.evidence._recorded import NotRecorded, RecordedTools, recorded_tools
 
 __all__ = [
     "EFFECTS_ENV",
@@ -79,7 +79,7 @@ async def assert_replays(
     namespace: str | None = None,
 ) -> None:
     """Replay every ``*.json`` history in the folder; fail on nondeterminism or intent drift."""
-    from ._replay import replay_histories
+    from exactcall.evidence._replay import replay_histories
 
     paths = sorted(Path(histories_dir).glob("*.json"))
     if not paths:
@@ -96,8 +96,8 @@ async def assert_same_calls(a: Any, b: Any, *, client: Any = None) -> None:
 
     Each run is a list of intents, a ``WorkflowHistory``, a history JSON file, or (with
     ``client``) a workflow id or ``ID:RUN_ID``: see ``exactcall diff``."""
-    from ._diff import calls_of, diff_calls
-    from ._plugin import choose_data_converter
+    from exactcall._plugin import choose_data_converter
+    from exactcall.evidence._diff import calls_of, diff_calls
 
     conv = client.data_converter if client is not None else choose_data_converter(None)
     d = diff_calls(await calls_of(a, conv, client), await calls_of(b, conv, client))
@@ -165,7 +165,7 @@ if _async_fixture is not None:
     @_async_fixture(scope="session")
     async def exactcall_client(exactcall_server: DevServer) -> Any:
         """A Client with exactcall.Plugin() on the session's dev server."""
-        from ._worker import Connection, connect
+        from exactcall._worker import Connection, connect
 
         return await connect(Connection(address=exactcall_server.address, namespace="default"))
 
@@ -177,7 +177,7 @@ if _async_fixture is not None:
 
         from temporalio.testing import WorkflowEnvironment
 
-        from ._plugin import Plugin
+        from exactcall._plugin import Plugin
 
         path = shutil.which("temporal-test-server") or str(
             Path(sys.executable).with_name("temporal-test-server")
@@ -199,7 +199,7 @@ if _async_fixture is not None:
         exactcall_client: Any, exactcall_task_queue: str
     ) -> AsyncIterator[Callable[..., Any]]:
         """``async with exactcall_worker(workflows=[...], activities=[...]) as worker``."""
-        from ._worker import build_worker
+        from exactcall._worker import build_worker
 
         @asynccontextmanager
         async def run(

@@ -27,11 +27,11 @@ from temporalio.client import Client, WorkflowHandle
 
 import exactcall
 from exactcall import approvals, reconciliation
-from exactcall._server import DevServer, free_port
 from exactcall._ui import SAVED_VIEWS
 from exactcall._worker import Connection, build_worker, connect
 from exactcall.demo.bank import Bank
 from exactcall.demo.bank_client import post_payment
+from exactcall.dev._server import DevServer, free_port
 
 TASK_QUEUE = "ui-screenshots"
 CHROMIUM_ARGS = [

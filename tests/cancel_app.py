@@ -26,9 +26,9 @@ from temporalio.worker import (
 
 with workflow.unsafe.imports_passed_through():
     import exactcall
-    from exactcall._verdicts import JOINED_SIGNAL
     from exactcall.demo.bank_client import post_payment
     from exactcall.quickstart._common import find_payment, pay_at_bank
+    from exactcall.reconciliation._verdicts import JOINED_SIGNAL
 
 FAST = timedelta(seconds=2)
 HELD: set[str] = set()

@@ -14,9 +14,9 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Worker
 
 import exactcall
-from exactcall._server import DevServer
 from exactcall._worker import Connection, build_worker, connect
 from exactcall.demo.bank import Bank
+from exactcall.dev._server import DevServer
 from exactcall.testing import WorkerProcess as TestingWorker
 from tests import tools
 from tests.workflows import Agent, BareAgent, Forge, Rounds, Uncaught

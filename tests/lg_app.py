@@ -285,8 +285,8 @@ async def record_history(address: str, bank: str) -> Path:
 def main() -> int:
     import tempfile
 
-    from exactcall._server import DevServer
     from exactcall.demo.bank import Bank
+    from exactcall.dev._server import DevServer
 
     with (
         tempfile.TemporaryDirectory() as tmp,

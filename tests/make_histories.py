@@ -35,12 +35,12 @@ from temporalio.service import RPCError
 
 from exactcall import approvals
 from exactcall._model import intent_from_input
-from exactcall._server import DevServer
-from exactcall._verdicts import reconcile_id
 from exactcall._wire import undo_id
 from exactcall._worker import Connection, build_worker, connect
 from exactcall.activities import Record
 from exactcall.demo.bank import Bank
+from exactcall.dev._server import DevServer
+from exactcall.reconciliation._verdicts import reconcile_id
 from tests.cancel_app import HoldsTheJoin, SeesTheChildStart  # and its tools
 from tests.conftest import plan, running_worker, step
 from tests.workflows import Agent, Rounds, SagaAgent
@@ -253,7 +253,7 @@ async def _save_mcp_owned(client: Client, address: str, tmp: Path) -> None:
     mid-write (unknown, then settled as landed by a person; a retry gets it)."""
     import signal
 
-    from exactcall._cli import main as cli_main
+    from exactcall.cli._main import main as cli_main
     from exactcall.mcp._proxy_workflow import Outcome
     from tests.mcp_proxy_client import eventually, proxied
 
@@ -366,7 +366,7 @@ async def _save_cli_undo(client: Client, bank: Bank) -> None:
     undo a call of the saga's workflow id (``undo/cli_undo`` is the same run from before
     ``exactcall.undo-keys-of-the-run``: each undo a call of the undo workflow's own id)."""
     import tests.undo_app  # noqa: F401  (its tools)
-    from exactcall import _cli_undo
+    from exactcall.cli import _undo
 
     steps = [step("saga_pay", bank.url, 10, "dora"), step("saga_notify", bank.url, 5, "dora")]
     async with build_worker(client, "histories-undo", [SagaAgent]):
@@ -375,7 +375,7 @@ async def _save_cli_undo(client: Client, bank: Bank) -> None:
         )
         await h.result()
         ns = argparse.Namespace(workflow_id=h.id, run=None, step=[], wait=60.0, yes=True, json=True)
-        await _cli_undo.run(ns, client)
+        await _undo.run(ns, client)
     await _save(client, undo_id(h.id), "undo/cli_undo_keys_of_the_run")
 
 

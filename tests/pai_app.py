@@ -284,8 +284,8 @@ async def _record(address: str, bank: str) -> None:
 
 def main() -> None:
     """Regenerate the stored history on an embedded dev server of its own."""
-    from exactcall._server import DevServer
     from exactcall.demo.bank import Bank
+    from exactcall.dev._server import DevServer
 
     with (
         DevServer(fast=True) as srv,

@@ -15,9 +15,9 @@ from temporalio.worker import Worker
 
 import exactcall
 from exactcall import approvals
-from exactcall._server import DevServer
 from exactcall._worker import Connection, connect
 from exactcall.demo.bank import Bank
+from exactcall.dev._server import DevServer
 from tests.conftest import plan, running_worker, start_agent, step
 from tests.workflows import Forge
 

@@ -20,10 +20,10 @@ from temporalio.client import Client, WorkflowHandle
 
 import exactcall
 from exactcall import approvals, reconciliation
-from exactcall._audit import AuditFilter, audit_rows, key_id, verify
-from exactcall._server import DevServer
 from exactcall._worker import Connection, connect
 from exactcall.demo.bank import Bank
+from exactcall.dev._server import DevServer
+from exactcall.evidence._audit import AuditFilter, audit_rows, key_id, verify
 from tests import audit_app as audit_app
 from tests.conftest import ROOT, plan, running_worker, start_agent, step
 from tests.test_approvals import eventually, pending_of

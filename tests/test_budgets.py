@@ -21,15 +21,15 @@ from temporalio.converter import DataConverter
 
 import exactcall
 from exactcall import approvals, reconciliation
-from exactcall._audit import AuditFilter, audit_rows
-from exactcall._budget import LedgerInput
 from exactcall._calls import calls_in_history
-from exactcall._cli_budgets import view
-from exactcall._replay import replay_histories
-from exactcall._server import DevServer
 from exactcall._wire import BUDGET_WORKFLOW, budget_id
 from exactcall._worker import build_worker
+from exactcall.budgets._budget import LedgerInput
+from exactcall.cli._budgets import view
 from exactcall.demo.bank import Bank
+from exactcall.dev._server import DevServer
+from exactcall.evidence._audit import AuditFilter, audit_rows
+from exactcall.evidence._replay import replay_histories
 from exactcall.testing import WorkerProcess
 from tests import budget_app as budget_app
 from tests.conftest import ROOT, plan, running_worker, start_agent, step

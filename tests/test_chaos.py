@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from exactcall._chaos import ChaosProxy, canonical_body
-from exactcall._cli import main
+from exactcall.cli._main import main
 from exactcall.demo.bank import Bank
+from exactcall.dev._chaos import ChaosProxy, canonical_body
 from tests.conftest import ROOT
 
 PAYMENT = {"amount": 100, "to": "bob", "memo": "rent"}

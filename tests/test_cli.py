@@ -13,7 +13,7 @@ from pathlib import Path
 from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 from temporalio.client import Client
 
-from exactcall._server import free_port, port_open
+from exactcall.dev._server import free_port, port_open
 from tests.conftest import ROOT
 
 
@@ -123,8 +123,8 @@ def test_the_demo_quickstart_and_crashtest_need_no_test_framework() -> None:
         "        if name.split('.')[0] in ('pytest', '_pytest', 'pytest_asyncio'):\n"
         "            raise ModuleNotFoundError(name)\n"
         "sys.meta_path.insert(0, Hide())\n"
-        "import exactcall.demo.run, exactcall.quickstart.run, exactcall._crashtest\n"
-        "from exactcall._cli import _parser\n"
+        "import exactcall.demo.run, exactcall.quickstart.run, exactcall.dev._crashtest\n"
+        "from exactcall.cli._main import _parser\n"
         "_parser()\n"
     )
     run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)

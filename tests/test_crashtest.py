@@ -163,7 +163,7 @@ def test_an_agent_failed_by_the_crashtests_own_abandon_says_so() -> None:
     from temporalio.client import WorkflowFailureError
     from temporalio.exceptions import ApplicationError
 
-    from exactcall._crashtest import _final
+    from exactcall.dev._crashtest import _final
 
     loop = asyncio.new_event_loop()
     try:

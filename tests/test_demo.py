@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from exactcall import reconciliation
-from exactcall._server import DevServer
 from exactcall._worker import Connection, connect
+from exactcall.dev._server import DevServer
 from exactcall.workflows import record_id
 
 pytestmark = pytest.mark.crash

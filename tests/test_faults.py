@@ -16,15 +16,15 @@ import pytest
 from temporalio.client import Client, WorkflowFailureError
 
 import tests.fault_tools  # noqa: F401  (its tools, for the in-process worker)
-from exactcall._faults import Mode
 from exactcall._model import Owner, RecordEvent
-from exactcall._server import DevServer
-from exactcall._verdicts import Settled, reconcile_id
 from exactcall.activities import Record
 from exactcall.activities._calling import LATE_ATTEMPT
 from exactcall.activities._cancelling import FAIL_STOP_EXIT
 from exactcall.demo.bank import Bank
+from exactcall.dev._faults import Mode
+from exactcall.dev._server import DevServer
 from exactcall.reconciliation import list_unresolved
+from exactcall.reconciliation._verdicts import Settled, reconcile_id
 from exactcall.testing import EffectCounter, FaultProxy, WorkerProcess
 from tests.conftest import ROOT, plan, start_agent, step
 from tests.test_calls import scheduled_intents
@@ -211,7 +211,7 @@ async def test_cut_off_plain_tool_with_a_late_effect_pays_once(scene: Scene) -> 
 
 async def not_landed_is_refused(s: Scene, workflow_id: str, step_name: str) -> bool:
     """``exactcall resolve ... --not-landed`` of the parked call exits 1 (refused)."""
-    from exactcall._cli import main
+    from exactcall.cli._main import main
 
     rows: list[Any] = []
     for _ in range(100):  # listed once its reconciliation has parked it

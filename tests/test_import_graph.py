@@ -105,3 +105,36 @@ def test_a_circle_is_found(tmp_path: Path) -> None:
         assert not any("exactcall.fixture.c" in c for c in circles())
     finally:
         del PACKAGES["exactcall.fixture"]
+
+
+# The layers (docs/layout.md): the call path and the features under it never load the CLI,
+# the developer tooling, the demo or an integration; only the CLI and the tooling load them.
+UPPER = ("exactcall.cli", "exactcall.dev", "exactcall.demo", "exactcall.quickstart")
+OUTER = (
+    *UPPER,
+    "exactcall.__main__",
+    "exactcall.integrations",
+    "exactcall.mcp",
+    "exactcall.testing",
+)
+OUTER_PUBLIC = ("exactcall.adapters", "exactcall.langgraph", "exactcall.openai_agents")
+
+
+def _within(name: str, roots: tuple[str, ...]) -> bool:
+    return any(name == r or name.startswith(r + ".") for r in roots)
+
+
+def layer_breaks() -> list[tuple[str, str]]:
+    mods = _modules()
+    outer = (*OUTER, *OUTER_PUBLIC, "exactcall.pydantic_ai")
+    return sorted(
+        (name, dep)
+        for name, path in mods.items()
+        if not _within(name, outer)
+        for dep in _imports_at_load(name, path, mods)
+        if _within(dep, outer)
+    )
+
+
+def test_the_call_path_and_features_load_no_cli_tooling_or_integration() -> None:
+    assert layer_breaks() == []

@@ -19,10 +19,10 @@ from temporalio.client import Client, WorkflowFailureError
 
 import exactcall
 from exactcall import approvals
-from exactcall._cli import main
-from exactcall._server import DevServer
 from exactcall._worker import Connection, build_worker, connect
+from exactcall.cli._main import main
 from exactcall.demo.bank import Bank
+from exactcall.dev._server import DevServer
 from exactcall.inbox import issue_token
 from tests.conftest import WORKFLOWS, plan, start_agent, step
 from tests.inbox_app import InboxProcess, Receiver, chromium, login

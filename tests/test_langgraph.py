@@ -24,9 +24,9 @@ from temporalio.worker import Worker
 import exactcall
 import exactcall.langgraph as xlg
 from exactcall import approvals
-from exactcall._server import DevServer
 from exactcall._worker import build_worker
 from exactcall.demo.bank import Bank
+from exactcall.dev._server import DevServer
 from exactcall.quickstart import langgraph as quickstart
 from exactcall.quickstart._common import CRASH_PLAIN_ENV
 from exactcall.testing import WorkerProcess, assert_replays
@@ -130,7 +130,7 @@ def test_langchain_tools_carry_the_signature_without_the_key() -> None:
 def test_the_core_does_not_import_langgraph_and_the_extra_is_named_when_missing() -> None:
     probe = (
         "import sys\n"
-        "import exactcall, exactcall._cli, exactcall.testing, exactcall.approvals\n"
+        "import exactcall, exactcall.cli._main, exactcall.testing, exactcall.approvals\n"
         "top = {m.split('.')[0] for m in sys.modules}\n"
         "leaked = sorted(top & {'langgraph', 'langchain_core'})\n"
         "assert not leaked, leaked\n"

@@ -29,9 +29,9 @@ from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSear
 from temporalio.converter import PayloadCodec
 
 from exactcall import approvals
-from exactcall._server import DevServer
 from exactcall._worker import build_worker
 from exactcall.demo.bank import Bank
+from exactcall.dev._server import DevServer
 from exactcall.testing import WorkerProcess
 from tests import tools
 from tests.conftest import ROOT, plan, step

@@ -19,10 +19,10 @@ from temporalio.client import WorkflowHistory, WorkflowUpdateFailedError, Workfl
 from temporalio.worker import Replayer
 
 import exactcall
-from exactcall._audit import AuditFilter, audit_rows
-from exactcall._cli import main as cli_main
-from exactcall._server import DevServer
 from exactcall._worker import build_worker
+from exactcall.cli._main import main as cli_main
+from exactcall.dev._server import DevServer
+from exactcall.evidence._audit import AuditFilter, audit_rows
 from exactcall.mcp._proxy_workflow import (
     LINGER,
     NEXT_SIGNAL,

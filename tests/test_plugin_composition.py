@@ -30,8 +30,8 @@ from temporalio.openai_agents.testing import ResponseBuilders, TestModel, TestMo
 import exactcall
 from exactcall._converter import ModelsAsPydantic
 from exactcall._plugin import carries_pydantic, choose_data_converter
-from exactcall._server import DevServer
 from exactcall.approvals import Decision
+from exactcall.dev._server import DevServer
 from tests.conftest import plan, running_worker, start_agent, step
 
 
@@ -135,8 +135,8 @@ def test_the_core_imports_no_integration() -> None:
     probe = (
         "import sys\n"
         "import exactcall, exactcall.approvals, exactcall.reconciliation, exactcall.testing\n"
-        "import exactcall.demo.run, exactcall.quickstart.run, exactcall._doctor\n"
-        "from exactcall._cli import _parser\n"
+        "import exactcall.demo.run, exactcall.quickstart.run, exactcall.dev._doctor\n"
+        "from exactcall.cli._main import _parser\n"
         "_parser()\n"
         "exactcall.Plugin()\n"
         "top = {m.split('.')[0] for m in sys.modules}\n"

@@ -16,9 +16,9 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 import exactcall
-from exactcall._server import DevServer
 from exactcall._worker import Connection, connect
 from exactcall.demo.bank import Bank
+from exactcall.dev._server import DevServer
 from tests.plain_app import (
     MONEY,
     Dynamic,

@@ -15,8 +15,8 @@ from temporalio.worker import Worker
 
 import tests.fault_tools  # noqa: F401  (its tools, for the in-process worker)
 from exactcall import reconciliation
-from exactcall._chaos import FAULTS, ChaosProxy
 from exactcall.demo.bank import Bank
+from exactcall.dev._chaos import FAULTS, ChaosProxy
 from tests.conftest import plan, start_agent, step
 from tests.test_reconcile import parked
 

@@ -20,7 +20,7 @@ class _Hide:
             raise ModuleNotFoundError(name)
         return None
 sys.meta_path.insert(0, _Hide())
-from exactcall._cli import main
+from exactcall.cli._main import main
 sys.exit(main(["quickstart"]))
 """
 

@@ -11,9 +11,9 @@ import pytest
 from temporalio.client import Client
 
 from exactcall import reconciliation
-from exactcall._audit import AuditFilter, audit_rows
-from exactcall._server import DevServer
 from exactcall.demo.bank import Bank
+from exactcall.dev._server import DevServer
+from exactcall.evidence._audit import AuditFilter, audit_rows
 from exactcall.testing import WorkerProcess
 from tests.conftest import plan, start_agent, step
 from tests.test_approvals import eventually

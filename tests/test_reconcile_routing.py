@@ -15,7 +15,9 @@ import exactcall
 from exactcall import reconciliation
 from exactcall._canonical import args_hash, derive_key
 from exactcall._model import Intent, Owner
-from exactcall._verdicts import (
+from exactcall.activities._records import Record
+from exactcall.demo.bank import Bank
+from exactcall.reconciliation._verdicts import (
     RECONCILE_WORKFLOW,
     RESOLVE_SIGNAL,
     CallSpec,
@@ -24,8 +26,6 @@ from exactcall._verdicts import (
     Settled,
     reconcile_id,
 )
-from exactcall.activities._records import Record
-from exactcall.demo.bank import Bank
 from tests.conftest import plan, start_agent, step
 from tests.test_approvals import eventually
 from tests.tools import FAST

@@ -13,7 +13,7 @@ from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
 import exactcall
-from exactcall._replay import replay_histories
+from exactcall.evidence._replay import replay_histories
 from tests.workflows import Agent, BareAgent, Rounds, Uncaught
 from tests.workflows_changed import AgentWithExtraLookup
 
@@ -101,7 +101,7 @@ async def test_both_forms_of_a_tool_input_read_as_the_same_intents() -> None:
     """The compact input leaves out the key, the workflow type and the task queue; a reader
     gets them back (the key derived, the rest from the history), equal to the full form's."""
     from exactcall._canonical import derive_key
-    from exactcall._replay import _converter, recorded_intents
+    from exactcall.evidence._replay import _converter, recorded_intents
 
     conv = _converter([exactcall.Plugin(tools=[])])
     full = await recorded_intents(load(HISTORIES / "plain_call.json"), conv)

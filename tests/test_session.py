@@ -18,13 +18,13 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.worker import Replayer
 
 import exactcall
-from exactcall._audit import AuditFilter, audit_rows
-from exactcall._cli import main as cli_main
-from exactcall._diff import calls_of, diff_calls
-from exactcall._server import DevServer
 from exactcall._wire import session_call_id
 from exactcall.approvals import approve, list_pending
+from exactcall.cli._main import main as cli_main
 from exactcall.demo.bank import Bank
+from exactcall.dev._server import DevServer
+from exactcall.evidence._audit import AuditFilter, audit_rows
+from exactcall.evidence._diff import calls_of, diff_calls
 from exactcall.session._lock import SessionLock
 from exactcall.session._workflow import SessionCall
 from tests.conftest import ROOT

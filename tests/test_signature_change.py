@@ -19,8 +19,8 @@ from temporalio.client import Client
 
 import exactcall
 from exactcall import approvals
-from exactcall._replay import replay_histories
 from exactcall.demo.bank import Bank
+from exactcall.evidence._replay import replay_histories
 from exactcall.testing import WorkerProcess
 from tests import sig_v2
 from tests.conftest import ROOT

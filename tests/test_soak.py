@@ -18,9 +18,9 @@ from temporalio.client import Client
 
 from bench._soak_faults import KINDS
 from bench.soak import SoakConfig, run_soak
-from exactcall._server import DevServer
 from exactcall._worker import Connection, connect
 from exactcall.demo.bank import Bank
+from exactcall.dev._server import DevServer
 from exactcall.testing import free_port
 
 pytestmark = pytest.mark.crash

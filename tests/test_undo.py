@@ -17,11 +17,11 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
 import exactcall
-from exactcall._audit import AuditFilter, audit_rows
 from exactcall._canonical import derive_key
-from exactcall._server import DevServer
 from exactcall._worker import build_worker
 from exactcall.demo.bank import Bank
+from exactcall.dev._server import DevServer
+from exactcall.evidence._audit import AuditFilter, audit_rows
 from exactcall.testing import WorkerProcess
 from tests import undo_app as undo_app
 from tests.conftest import ROOT, step
@@ -362,7 +362,7 @@ def test_the_undo_plan_says_why_each_call_is_or_is_not_undone() -> None:
     from datetime import UTC, datetime
 
     from exactcall._calls import RunCall
-    from exactcall._undo_plan import plan_undo
+    from exactcall.undo._plan import plan_undo
 
     def c(step: str, outcome: str, run: str = "r1") -> RunCall:
         return RunCall(

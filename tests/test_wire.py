@@ -79,7 +79,7 @@ def test_each_wire_name_is_unique_and_the_two_state_queries_are_apart() -> None:
     assert sorted(_wire.__all__) == _wire.__all__
 
 
-ADAPTERS = ["openai_agents.py", "pydantic_ai.py", "langgraph.py"]
+ADAPTERS = ["_openai_agents.py", "_pydantic_ai.py", "_langgraph.py"]
 
 
 def test_the_adapters_import_only_public_names() -> None:
@@ -88,7 +88,7 @@ def test_the_adapters_import_only_public_names() -> None:
     import exactcall.adapters
 
     for name in ADAPTERS:
-        for node in ast.walk(ast.parse((ROOT / "exactcall" / name).read_text())):
+        for node in ast.walk(ast.parse((ROOT / "exactcall" / "integrations" / name).read_text())):
             if not isinstance(node, ast.ImportFrom):
                 continue
             module = "." * node.level + (node.module or "")
@@ -97,7 +97,7 @@ def test_the_adapters_import_only_public_names() -> None:
             names = {a.name for a in node.names}
             if module in (".", "exactcall"):
                 assert names <= set(exactcall.__all__), (name, names - set(exactcall.__all__))
-            elif module in (".adapters", "exactcall.adapters"):
+            elif module in ("exactcall.adapters", "exactcall.integrations._adapters"):
                 assert names <= set(exactcall.adapters.__all__), (name, names)
             else:
                 assert module == "exactcall._wire", (name, module)

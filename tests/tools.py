@@ -266,7 +266,7 @@ async def refuse_late_then_pay(bank: str, amount: int, to: str, seconds: float) 
 def book_lost_once(bank: str, amount: int, to: str) -> dict[str, Any]:
     """Loses the connection before sending, except when its reconciliation re-runs it: the
     probe finds nothing, the re-run books it (a reconciliation that re-runs a call)."""
-    from exactcall._verdicts import reconcile_id
+    from exactcall.reconciliation._verdicts import reconcile_id
 
     if activity.info().workflow_id != reconcile_id(exactcall.idempotency_key()):
         raise ConnectionResetError("connection reset before the request was sent")

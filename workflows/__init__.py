@@ -1,9 +1,16 @@
 """exactcall's own workflows (installed as ``exactcall.workflows``)."""
 
-from ._budget import BudgetLedger
-from ._reconciliation import PROBE_PREFIX, Reconcile, probe_activity_name
-from ._record import MARK_RECORD, MARK_SIGNAL, RECORD_WORKFLOW, STATE_QUERY, CallRecord, record_id
-from ._saga import UndoRun
+from exactcall.workflows._budget import BudgetLedger
+from exactcall.workflows._reconciliation import PROBE_PREFIX, Reconcile, probe_activity_name
+from exactcall.workflows._record import (
+    MARK_RECORD,
+    MARK_SIGNAL,
+    RECORD_WORKFLOW,
+    STATE_QUERY,
+    CallRecord,
+    record_id,
+)
+from exactcall.workflows._saga import UndoRun
 
 __all__ = [
     "MARK_RECORD",

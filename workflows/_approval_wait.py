@@ -17,8 +17,7 @@ from exactcall.approvals._binding import (
     ApprovalGrant,
     ApprovalRequest,
 )
-
-from ._state import WorkflowState, state
+from exactcall.workflows._state import WorkflowState, state
 
 __all__ = ["show_pending", "wait_for_approval"]
 

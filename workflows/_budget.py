@@ -25,7 +25,17 @@ from typing import Literal
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
-from exactcall._budget import (
+from exactcall._wire import (
+    BUDGET_BATCH_SIGNAL,
+    BUDGET_BATCH_UPDATE,
+    BUDGET_MEMO,
+    BUDGET_OVER,
+    BUDGET_RESERVE_UPDATE,
+    BUDGET_SETTLE_SIGNAL,
+    BUDGET_STATE_QUERY,
+    BUDGET_WORKFLOW,
+)
+from exactcall.budgets._budget import (
     KEY_PREFIX,
     BatchAnswer,
     BudgetView,
@@ -36,16 +46,6 @@ from exactcall._budget import (
     LedgerInput,
     WindowTotals,
     window_end,
-)
-from exactcall._wire import (
-    BUDGET_BATCH_SIGNAL,
-    BUDGET_BATCH_UPDATE,
-    BUDGET_MEMO,
-    BUDGET_OVER,
-    BUDGET_RESERVE_UPDATE,
-    BUDGET_SETTLE_SIGNAL,
-    BUDGET_STATE_QUERY,
-    BUDGET_WORKFLOW,
 )
 
 __all__ = ["BudgetLedger"]

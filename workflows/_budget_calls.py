@@ -23,12 +23,11 @@ from datetime import timedelta
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 
-from exactcall._budget import Budget, ChargeAnswer, ChargeOp, charge_op, settle_charges
 from exactcall._model import Intent
 from exactcall._tool import Tool
 from exactcall._wire import BUDGET_ACTIVITY, BUDGET_ALLOWANCES, BUDGET_SPENDS_CARRIED
-
-from ._state import WorkflowState, state
+from exactcall.budgets._budget import Budget, ChargeAnswer, ChargeOp, charge_op, settle_charges
+from exactcall.workflows._state import WorkflowState, state
 
 __all__ = [
     "Allowance",

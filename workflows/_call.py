@@ -19,7 +19,6 @@ from temporalio.exceptions import (
 )
 from temporalio.workflow import ActivityCancellationType
 
-from exactcall._budget import BudgetExceeded, over_text
 from exactcall._canonical import args_hash, derive_key
 from exactcall._errors import (
     AmbiguousOutcome,
@@ -31,19 +30,30 @@ from exactcall._errors import (
 from exactcall._metrics import CALLS, count, observed_approval
 from exactcall._model import Intent
 from exactcall._tool import Tool, resolve_tool
-from exactcall._verdicts import CallAbandoned
 from exactcall._wire import (
     BUDGET_REFUSALS_RECORDED,
     BUDGETS_PATCH,
     REFUSED_MEMO,
 )
-
-from ._approval_wait import wait_for_approval
-from ._budget_calls import keep_for, reserve_for, reserve_overruns, settle_for, spend_for
-from ._saga_stage import note_done, note_in_doubt
-from ._schedule import Interrupted, call_activity_id, execute_tool_activity, reads
-from ._state import Flight, cancellation_reaches_calls, state
-from ._unknown import (
+from exactcall.budgets._budget import BudgetExceeded, over_text
+from exactcall.reconciliation._verdicts import CallAbandoned
+from exactcall.workflows._approval_wait import wait_for_approval
+from exactcall.workflows._budget_calls import (
+    keep_for,
+    reserve_for,
+    reserve_overruns,
+    settle_for,
+    spend_for,
+)
+from exactcall.workflows._saga_stage import note_done, note_in_doubt
+from exactcall.workflows._schedule import (
+    Interrupted,
+    call_activity_id,
+    execute_tool_activity,
+    reads,
+)
+from exactcall.workflows._state import Flight, cancellation_reaches_calls, state
+from exactcall.workflows._unknown import (
     OnUnknown,
     await_verdict,
     reconciling,

@@ -22,7 +22,16 @@ from exactcall._metrics import reconciliation_parked, reconciliation_verdict
 from exactcall._model import Owner, RecordEvent
 from exactcall._tool import get_tool
 from exactcall._ui import parked_details
-from exactcall._verdicts import (
+from exactcall._wire import (
+    BUDGETS_PATCH,
+    RECONCILE_DECIDES_AT_START,
+    RECONCILE_OUTWAITS_THE_CLAIM,
+)
+from exactcall._wire import MARKS_BY_ACTIVITY as MARKS_BY_ACTIVITY
+from exactcall._wire import PROBE_PREFIX as PROBE_PREFIX
+from exactcall._wire import TELLS_THE_CALL as TELLS_THE_CALL
+from exactcall._wire import probe_activity_name as probe_activity_name
+from exactcall.reconciliation._verdicts import (
     JOINED_SIGNAL,
     RECONCILE_WORKFLOW,
     RESOLVE_SIGNAL,
@@ -40,21 +49,16 @@ from exactcall._verdicts import (
     UnresolvedCall,
     Verdict,
 )
-from exactcall._wire import (
-    BUDGETS_PATCH,
-    RECONCILE_DECIDES_AT_START,
-    RECONCILE_OUTWAITS_THE_CLAIM,
+from exactcall.workflows._budget_calls import settle_intent, settle_ops
+from exactcall.workflows._record import MARK_RECORD, mark_from_workflow
+from exactcall.workflows._schedule import execute_call_activity
+from exactcall.workflows._state import pinned_search_attributes
+from exactcall.workflows._unknown import (
+    CANCELLED_ERROR,
+    CANCELLED_MEMO,
+    CANCELLED_SIGNAL,
+    call_spec,
 )
-from exactcall._wire import MARKS_BY_ACTIVITY as MARKS_BY_ACTIVITY
-from exactcall._wire import PROBE_PREFIX as PROBE_PREFIX
-from exactcall._wire import TELLS_THE_CALL as TELLS_THE_CALL
-from exactcall._wire import probe_activity_name as probe_activity_name
-
-from ._budget_calls import settle_intent, settle_ops
-from ._record import MARK_RECORD, mark_from_workflow
-from ._schedule import execute_call_activity
-from ._state import pinned_search_attributes
-from ._unknown import CANCELLED_ERROR, CANCELLED_MEMO, CANCELLED_SIGNAL, call_spec
 
 __all__ = ["PROBE_PREFIX", "Reconcile", "probe_activity_name"]
 

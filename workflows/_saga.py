@@ -23,19 +23,18 @@ from exactcall._canonical import to_json_value
 from exactcall._errors import AmbiguousOutcome, ExactcallError, ToolFailed
 from exactcall._model import Intent
 from exactcall._tool import Tool, resolve_tool
-from exactcall._undo import Done, RunUndoReport, UndoFailed, UndoInput, UndoReport, undo_step
-from exactcall._verdicts import CallAbandoned
 from exactcall._wire import (
     UNDO_FAILED_MEMO,
     UNDO_KEYS_OF_THE_RUN,
     UNDO_WORKFLOW,
     UNRESOLVED_ATTRIBUTE,
 )
-
-from ._call import call_with
-from ._saga_stage import OPEN, Noter, done_of
-from ._state import state
-from ._unknown import OnUnknown, await_verdict
+from exactcall.reconciliation._verdicts import CallAbandoned
+from exactcall.undo._undo import Done, RunUndoReport, UndoFailed, UndoInput, UndoReport, undo_step
+from exactcall.workflows._call import call_with
+from exactcall.workflows._saga_stage import OPEN, Noter, done_of
+from exactcall.workflows._state import state
+from exactcall.workflows._unknown import OnUnknown, await_verdict
 
 __all__ = ["Saga", "UndoRun", "saga"]
 

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from exactcall._canonical import to_json_value
 from exactcall._errors import ExactcallError
 from exactcall._model import Intent
-from exactcall._undo import Done
+from exactcall.undo._undo import Done
 
 __all__ = ["OPEN", "Noter", "done_of", "note_done", "note_in_doubt"]
 

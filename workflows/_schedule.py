@@ -19,11 +19,10 @@ from temporalio.workflow import ActivityCancellationType
 from exactcall._errors import ExactcallError, NotExecuted, ToolFailed, error_from_failure
 from exactcall._model import Intent
 from exactcall._tool import Tool
-from exactcall._verdicts import CallSpec
 from exactcall._wire import READ_PATH_BY_DECLARATION
-
-from ._state import SCHEDULING_A_READ
-from ._unknown import call_spec
+from exactcall.reconciliation._verdicts import CallSpec
+from exactcall.workflows._state import SCHEDULING_A_READ
+from exactcall.workflows._unknown import call_spec
 
 __all__ = [
     "CRASH_RETRY_INTERVAL",

@@ -301,7 +301,7 @@ class _Inbound(WorkflowInboundInterceptor):
         send the spends no later reservation carried, release what its allowances hold."""
         st = self.state
         if st is not None and (st.budget_spends or st.budget_allowances):
-            from ._budget_calls import send_spends  # (imports this module)
+            from exactcall.workflows._budget_calls import send_spends  # (imports this module)
 
             await send_spends(st)
 

@@ -15,7 +15,16 @@ from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
 from exactcall._errors import AmbiguousOutcome, ToolFailed
 from exactcall._model import Intent
 from exactcall._tool import Tool
-from exactcall._verdicts import (
+from exactcall._wire import AWAIT_SETTLED as AWAIT_SETTLED
+from exactcall._wire import CANCELLED_MEMO as CANCELLED_MEMO
+from exactcall._wire import CANCELLED_SIGNAL as CANCELLED_SIGNAL
+from exactcall._wire import CANCELLED_WHILE_JOINING as CANCELLED_WHILE_JOINING
+from exactcall._wire import JOIN_CANCELLED_BEFORE_SENT
+from exactcall._wire import JOINS_STARTED_RECONCILIATION as JOINS_STARTED_RECONCILIATION
+from exactcall._wire import SETTLE_PREFIX as SETTLE_PREFIX
+from exactcall._wire import SETTLED_BY_SIGNAL as SETTLED_BY_SIGNAL
+from exactcall._wire import settle_activity_id as settle_activity_id
+from exactcall.reconciliation._verdicts import (
     JOINED_SIGNAL,
     RECONCILE_WORKFLOW,
     SETTLED_SIGNAL,
@@ -27,17 +36,7 @@ from exactcall._verdicts import (
     reconcile_input,
     reconcile_start_options,
 )
-from exactcall._wire import AWAIT_SETTLED as AWAIT_SETTLED
-from exactcall._wire import CANCELLED_MEMO as CANCELLED_MEMO
-from exactcall._wire import CANCELLED_SIGNAL as CANCELLED_SIGNAL
-from exactcall._wire import CANCELLED_WHILE_JOINING as CANCELLED_WHILE_JOINING
-from exactcall._wire import JOIN_CANCELLED_BEFORE_SENT
-from exactcall._wire import JOINS_STARTED_RECONCILIATION as JOINS_STARTED_RECONCILIATION
-from exactcall._wire import SETTLE_PREFIX as SETTLE_PREFIX
-from exactcall._wire import SETTLED_BY_SIGNAL as SETTLED_BY_SIGNAL
-from exactcall._wire import settle_activity_id as settle_activity_id
-
-from ._state import state
+from exactcall.workflows._state import state
 
 __all__ = [
     "AWAIT_SETTLED",

@@ -47,11 +47,11 @@ from exactcall import approvals, reconciliation
 from exactcall._canonical import derive_key
 from exactcall._crash import CRASH_ENV
 from exactcall._plugin import Plugin
-from exactcall._procs import WorkerProcess
-from exactcall._server import DevServer
 from exactcall._worker import Connection, connect
 from exactcall.activities._runs import run_claim_id
 from exactcall.demo.bank import Bank
+from exactcall.dev._procs import WorkerProcess
+from exactcall.dev._server import DevServer
 from exactcall.workflows import record_id
 
 __all__ = ["run_demo"]

@@ -6,10 +6,10 @@ calls. The approver's name comes from authentication (tokens or a verified proxy
 never from a form. See docs/inbox.md.
 """
 
-from ._auth import Authenticator, Identity, ProxyAuth, TokenAuth
-from ._notify import Event, Notifier, Webhook
-from ._server import EventLoop, Inbox
-from ._tokens import TokenStore, issue_token
+from exactcall.inbox._auth import Authenticator, Identity, ProxyAuth, TokenAuth
+from exactcall.inbox._notify import Event, Notifier, Webhook
+from exactcall.inbox._server import EventLoop, Inbox
+from exactcall.inbox._tokens import TokenStore, issue_token
 
 __all__ = [
     "Authenticator",

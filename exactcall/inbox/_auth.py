@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from http.cookies import SimpleCookie
 from urllib.parse import urlsplit
 
-from ._tokens import NAME, TokenStore
+from exactcall.inbox._tokens import NAME, TokenStore
 
 __all__ = ["COOKIE", "Authenticator", "Identity", "ProxyAuth", "TokenAuth"]
 

@@ -15,7 +15,7 @@ __all__ = ["add_parser", "run"]
 
 
 def _default_tokens() -> Path:
-    from exactcall._server import state_dir
+    from exactcall.dev._server import state_dir
 
     return state_dir() / "inbox-tokens.json"
 
@@ -58,7 +58,7 @@ def run(ns: argparse.Namespace, connection: Any) -> int:
 
 
 def _token(path: Path, name: str) -> int:
-    from ._tokens import issue_token
+    from exactcall.inbox._tokens import issue_token
 
     try:
         token = issue_token(path, name)
@@ -71,8 +71,8 @@ def _token(path: Path, name: str) -> int:
 
 
 def _auth(ns: argparse.Namespace) -> Any:
-    from ._auth import ProxyAuth, TokenAuth
-    from ._tokens import TokenStore
+    from exactcall.inbox._auth import ProxyAuth, TokenAuth
+    from exactcall.inbox._tokens import TokenStore
 
     if ns.auth == "proxy":
         secret = os.environ.get(ns.proxy_secret_env, "")
@@ -89,9 +89,8 @@ def _auth(ns: argparse.Namespace) -> Any:
 
 def _serve(ns: argparse.Namespace, auth: Any, connection: Any) -> int:
     from exactcall._worker import connect
-
-    from ._notify import Notifier, Webhook
-    from ._server import EventLoop, Inbox
+    from exactcall.inbox._notify import Notifier, Webhook
+    from exactcall.inbox._server import EventLoop, Inbox
 
     loop = EventLoop()
     try:

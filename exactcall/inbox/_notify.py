@@ -29,8 +29,8 @@ from urllib.parse import urlencode
 
 from temporalio.client import Client
 
-from exactcall._audit import AuditFilter, audit_rows
 from exactcall.approvals import ApprovalRequest, list_pending
+from exactcall.evidence._audit import AuditFilter, audit_rows
 
 __all__ = ["Event", "Notifier", "Webhook"]
 

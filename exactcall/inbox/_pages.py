@@ -11,8 +11,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from exactcall.approvals import ApprovalRequest
-
-from ._decide import Answer
+from exactcall.inbox._decide import Answer
 
 __all__ = [
     "answer_page",

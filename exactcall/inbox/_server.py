@@ -19,13 +19,12 @@ from urllib.parse import parse_qs, urlsplit
 
 from temporalio.client import Client
 
-from exactcall._audit import AuditFilter, audit_rows
-from exactcall._serve import ServedHTTP
 from exactcall.approvals import ApprovalRequest, list_pending, load_signing_key, view
-
-from . import _pages as pages
-from ._auth import COOKIE, Authenticator, Identity, TokenAuth
-from ._decide import decide_from_page, last_outcome
+from exactcall.dev._serve import ServedHTTP
+from exactcall.evidence._audit import AuditFilter, audit_rows
+from exactcall.inbox import _pages as pages
+from exactcall.inbox._auth import COOKIE, Authenticator, Identity, TokenAuth
+from exactcall.inbox._decide import decide_from_page, last_outcome
 
 __all__ = ["EventLoop", "Inbox"]
 

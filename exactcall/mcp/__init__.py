@@ -35,6 +35,6 @@ __all__ = [
 ]
 
 
-from ._meta import DEDUPLICATED_META, KEY_META, NOT_EXECUTED_META, idempotency_key
-from ._spec import McpServerSpec, parse_server_option, server_spec
-from ._tool import McpTool, McpToolError, call_tool, not_executed, tool
+from exactcall.mcp._meta import DEDUPLICATED_META, KEY_META, NOT_EXECUTED_META, idempotency_key
+from exactcall.mcp._spec import McpServerSpec, parse_server_option, server_spec
+from exactcall.mcp._tool import McpTool, McpToolError, call_tool, not_executed, tool

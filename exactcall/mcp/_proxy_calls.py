@@ -39,15 +39,12 @@ from temporalio.service import RPCError
 
 import exactcall
 from exactcall._errors import ArgumentsTooLarge, IntentConflict
-from exactcall._verdicts import reconcile_id
-from exactcall.reconciliation import state as reconciliation_state
-
-from ._meta import DEDUPLICATED_META
-from ._meta import KEY_META as CLIENT_KEY_META
-from ._proxy_policy import duration_text
-from ._proxy_results import clock as _clock
-from ._proxy_results import tool_error
-from ._proxy_workflow import (
+from exactcall.mcp._meta import DEDUPLICATED_META
+from exactcall.mcp._meta import KEY_META as CLIENT_KEY_META
+from exactcall.mcp._proxy_policy import duration_text
+from exactcall.mcp._proxy_results import clock as _clock
+from exactcall.mcp._proxy_results import tool_error
+from exactcall.mcp._proxy_workflow import (
     APPROVED_WORKFLOW,
     DELIVERED_AT,
     DELIVERED_SIGNAL,
@@ -69,6 +66,8 @@ from ._proxy_workflow import (
     owned_key,
     proxy_tool,
 )
+from exactcall.reconciliation import state as reconciliation_state
+from exactcall.reconciliation._verdicts import reconcile_id
 
 __all__ = ["Call", "Caller", "Reply", "identity", "tool_error"]
 

@@ -27,7 +27,7 @@ from typing import Any
 import httpx2
 import structlog
 
-from ._proxy_stdio import ID_PREFIX, NOT_SENT_DATA, Upstream, encode, parse
+from exactcall.mcp._proxy_stdio import ID_PREFIX, NOT_SENT_DATA, Upstream, encode, parse
 
 __all__ = ["HttpUpstream"]
 

@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 import structlog
 
-from ._classify import READ_VERBS, first_word, read_for_proxy
+from exactcall.mcp._classify import READ_VERBS, first_word, read_for_proxy
 
 __all__ = [
     "READ_VERBS",

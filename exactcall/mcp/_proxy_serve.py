@@ -37,8 +37,8 @@ from urllib.parse import urlsplit
 import structlog
 import uvicorn
 
-from ._proxy_stdio import encode, parse, request_key
-from .proxy import DRAIN_TIMEOUT, Proxy, Session, make_upstream
+from exactcall.mcp._proxy_stdio import encode, parse, request_key
+from exactcall.mcp.proxy import DRAIN_TIMEOUT, Proxy, Session, make_upstream
 
 __all__ = ["HttpServe"]
 

@@ -41,12 +41,10 @@ from exactcall._embedded import (
 from exactcall._embedded import host_port as _host_port
 from exactcall._embedded import read_info as _read_info
 from exactcall._plugin import Plugin
-from exactcall._server import port_open
 from exactcall._wire import RECONCILE_WORKFLOW, UNRESOLVED_ATTRIBUTE
 from exactcall._worker import Connection, build_worker, connect
-from exactcall.reconciliation import list_unresolved
-
-from ._proxy_workflow import (
+from exactcall.dev._server import port_open
+from exactcall.mcp._proxy_workflow import (
     APPROVED_WORKFLOW,
     OWNED_WORKFLOW,
     WORKFLOW,
@@ -55,9 +53,10 @@ from ._proxy_workflow import (
     ProxyCall,
     proxy_tool,
 )
-from ._proxy_workflow import (
+from exactcall.mcp._proxy_workflow import (
     OWNER_REPORT_SIGNAL as REPORTED,
 )
+from exactcall.reconciliation import list_unresolved
 
 __all__ = ["driving_proxies", "embedded_for_cli", "use_home"]
 

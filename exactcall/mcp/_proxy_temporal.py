@@ -31,17 +31,16 @@ from temporalio.exceptions import ApplicationError
 
 from exactcall._embedded import Embedded, cli_flags, host_port, is_configured, start_embedded
 from exactcall._plugin import Plugin
-from exactcall._server import port_open, state_dir
-from exactcall._verdicts import Settled
 from exactcall._worker import Connection, build_worker, connect
-
-from ._proxy_workflow import (
+from exactcall.dev._server import port_open, state_dir
+from exactcall.mcp._proxy_workflow import (
     AWAIT_SETTLED,
     ApprovedProxyCall,
     OwnedProxyCall,
     ProxyCall,
     proxy_tool,
 )
+from exactcall.reconciliation._verdicts import Settled
 
 __all__ = ["Temporal", "await_settled", "task_queue"]
 

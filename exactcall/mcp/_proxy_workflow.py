@@ -67,7 +67,6 @@ from exactcall._errors import (
     ToolFailed,
 )
 from exactcall._model import FROZEN, Intent
-from exactcall._verdicts import CallAbandoned, Settled, reconcile_id
 from exactcall._wire import MCP_PROXY_APPROVAL_SEEN as APPROVAL_SEEN
 from exactcall._wire import MCP_PROXY_APPROVED_WORKFLOW as APPROVED_WORKFLOW
 from exactcall._wire import MCP_PROXY_AWAIT_SETTLED as AWAIT_SETTLED
@@ -85,6 +84,7 @@ from exactcall._wire import MCP_PROXY_WAIT_UPDATE as WAIT_UPDATE
 from exactcall._wire import MCP_PROXY_WITHDRAW_SIGNAL as WITHDRAW_SIGNAL
 from exactcall._wire import MCP_PROXY_WORKFLOW as WORKFLOW
 from exactcall.mcp._proxy_results import as_result
+from exactcall.reconciliation._verdicts import CallAbandoned, Settled, reconcile_id
 from exactcall.workflows._call import intent_of
 from exactcall.workflows._state import state
 from exactcall.workflows._unknown import start_reconciliation

@@ -32,9 +32,8 @@ from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, 
 from exactcall._context import current_intent
 from exactcall._errors import NotExecuted
 from exactcall._tool import _REGISTRY, Tool, _options, _register
-
-from ._meta import KEY_META, NOT_EXECUTED_META
-from ._spec import McpServerSpec, check_server_name, server_spec
+from exactcall.mcp._meta import KEY_META, NOT_EXECUTED_META
+from exactcall.mcp._spec import McpServerSpec, check_server_name, server_spec
 
 __all__ = ["McpPool", "McpTool", "McpToolError", "call_tool", "not_executed", "tool"]
 

@@ -45,17 +45,16 @@ import structlog
 from temporalio import activity
 
 import exactcall
-from exactcall._server import state_dir
 from exactcall._worker import Connection
-
-from ._meta import KEY_META, NOT_EXECUTED_META
-from ._proxy_calls import Call, Caller, Reply, tool_error
-from ._proxy_http import HttpUpstream
-from ._proxy_names import NAME as _NAME
-from ._proxy_names import derive_name, derive_url_name
-from ._proxy_policy import Audit, Policy
-from ._proxy_results import fit_to_schema
-from ._proxy_stdio import (
+from exactcall.dev._server import state_dir
+from exactcall.mcp._meta import KEY_META, NOT_EXECUTED_META
+from exactcall.mcp._proxy_calls import Call, Caller, Reply, tool_error
+from exactcall.mcp._proxy_http import HttpUpstream
+from exactcall.mcp._proxy_names import NAME as _NAME
+from exactcall.mcp._proxy_names import derive_name, derive_url_name
+from exactcall.mcp._proxy_policy import Audit, Policy
+from exactcall.mcp._proxy_results import fit_to_schema
+from exactcall.mcp._proxy_stdio import (
     ClientSide,
     ClientStdio,
     Upstream,
@@ -66,8 +65,8 @@ from ._proxy_stdio import (
     parse,
     request_key,
 )
-from ._proxy_temporal import Temporal
-from ._proxy_workflow import bind_executor, proxy_tool
+from exactcall.mcp._proxy_temporal import Temporal
+from exactcall.mcp._proxy_workflow import bind_executor, proxy_tool
 
 __all__ = ["derive_name", "derive_url_name", "run_proxy"]
 
@@ -137,7 +136,7 @@ async def _serve(
         return 2
     proxy = Proxy(name, policy, audit, connection, ns, retry_window)
     if getattr(ns, "mcp_command", "proxy") == "serve":
-        from ._proxy_serve import serve
+        from exactcall.mcp._proxy_serve import serve
 
         return await serve(proxy, ns)
     return await proxy.run_stdio(make_upstream(ns))

@@ -53,8 +53,8 @@ from mcp.types import (
 )
 from mcp.types import Tool as WireTool
 
-from ._classify import name_evidence, risk, words
-from ._proxy_policy import Policy
+from exactcall.mcp._classify import name_evidence, risk, words
+from exactcall.mcp._proxy_policy import Policy
 
 __all__ = [
     "Classification",

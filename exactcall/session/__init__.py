@@ -3,8 +3,8 @@ a web process). Each call is a Temporal activity run once by exactcall's own wor
 that call, on a worker inside the calling process: the same intent, derived key, approvals,
 budgets and unknown outcomes as ``exactcall.call`` in a workflow. See docs/session.md."""
 
-from ._errors import ApprovalPending, SessionBusy
-from ._session import Session, session
-from ._sync import SessionSync, session_sync
+from exactcall.session._errors import ApprovalPending, SessionBusy
+from exactcall.session._session import Session, session
+from exactcall.session._sync import SessionSync, session_sync
 
 __all__ = ["ApprovalPending", "Session", "SessionBusy", "SessionSync", "session", "session_sync"]

@@ -42,11 +42,10 @@ from exactcall._wire import (
     session_id_prefix,
 )
 from exactcall._worker import Connection, build_worker, connect
+from exactcall.session._errors import ApprovalPending, SessionBusy, rebuilt
+from exactcall.session._lock import BEAT, Holder, SessionLock, hold, on_hold_lost
+from exactcall.session._workflow import CallInput, Outcome, SessionCall
 from exactcall.workflows._call import _check_key, intent_conflict
-
-from ._errors import ApprovalPending, SessionBusy, rebuilt
-from ._lock import BEAT, Holder, SessionLock, hold, on_hold_lost
-from ._workflow import CallInput, Outcome, SessionCall
 
 __all__ = ["MAX_SESSION_ID", "Session", "session"]
 

@@ -15,8 +15,7 @@ from typing import Any, TypeVar
 from temporalio.client import Client
 
 from exactcall._tool import Tool
-
-from ._session import Session, _not_in_workflow
+from exactcall.session._session import Session, _not_in_workflow
 
 __all__ = ["SessionSync", "session_sync"]
 

@@ -45,7 +45,7 @@ def _connection_args(p: argparse.ArgumentParser) -> None:
 
 
 def _connection(ns: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from ._worker import Connection
+    from exactcall._worker import Connection
 
     return Connection(
         address=ns.address,
@@ -73,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--namespace", action="append", default=[], help="extra namespace")
     s.add_argument("--ip", default="127.0.0.1")
 
-    from . import _cli_telemetry
+    from exactcall.cli import _telemetry
 
     w = sub.add_parser("worker", help="run a worker for your workflows and tools")
     w.add_argument("--task-queue", required=True)
@@ -144,26 +144,26 @@ def _parser() -> argparse.ArgumentParser:
         "and memory per cached workflow; your workflow modules must then keep no state that "
         "changes between runs: see docs/worker.md, Many pending calls)",
     )
-    _cli_telemetry.add_args(w)
+    _telemetry.add_args(w)
     _connection_args(w)
 
-    from . import _cli_resolve
-    from .approvals import _cli as _cli_approvals
+    from exactcall.approvals import _cli as _cli_approvals
+    from exactcall.cli import _resolve
 
     _cli_approvals.add_parsers(sub, _connection_args)
-    _cli_resolve.add_parsers(sub, _connection_args)
-    from . import _cli_mcp
+    _resolve.add_parsers(sub, _connection_args)
+    from exactcall.cli import _mcp
 
-    _cli_mcp.add_parsers(sub, _connection_args)
-    from . import _cli_audit, _cli_budgets, _cli_undo
+    _mcp.add_parsers(sub, _connection_args)
+    from exactcall.cli import _audit, _budgets, _undo
 
-    _cli_audit.add_parsers(sub, _connection_args)
-    _cli_budgets.add_parsers(sub, _connection_args)
-    _cli_undo.add_parser(sub, _connection_args)
-    from . import _cli_keys
+    _audit.add_parsers(sub, _connection_args)
+    _budgets.add_parsers(sub, _connection_args)
+    _undo.add_parser(sub, _connection_args)
+    from exactcall.cli import _keys
 
-    _cli_keys.add_parsers(sub)
-    from .inbox import _cli as _cli_inbox
+    _keys.add_parsers(sub)
+    from exactcall.inbox import _cli as _cli_inbox
 
     _cli_inbox.add_parser(sub, _connection_args)
 
@@ -312,7 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ns = parser.parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
-    from ._log import configure_logging
+    from exactcall._log import configure_logging
 
     configure_logging(ns.log_level.upper())
     try:
@@ -331,15 +331,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         ):
             return asyncio.run(_client_command(ns))
         if ns.command == "keys":
-            from . import _cli_keys
+            from exactcall.cli import _keys
 
-            return _cli_keys.run(ns)
+            return _keys.run(ns)
         if ns.command == "inbox":
-            from .inbox import _cli as _cli_inbox
+            from exactcall.inbox import _cli as _cli_inbox
 
             return _cli_inbox.run(ns, _connection(ns))
         if ns.command == "crashtest":
-            from ._crashtest import main as crashtest
+            from exactcall.dev._crashtest import main as crashtest
 
             return asyncio.run(crashtest(ns))
         if ns.command == "replay":
@@ -347,35 +347,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ns.command == "diff":
             return asyncio.run(_diff(ns))
         if ns.command == "audit":
-            from . import _cli_audit
+            from exactcall.cli import _audit
 
             if ns.audit_command == "verify":
-                return _cli_audit.verify_command(ns)
-            return asyncio.run(_cli_audit.run(ns, _connection(ns)))
+                return _audit.verify_command(ns)
+            return asyncio.run(_audit.run(ns, _connection(ns)))
         if ns.command == "history":
             return asyncio.run(_history_export(ns))
         if ns.command == "chaos":
-            from ._chaos import run_chaos
+            from exactcall.dev._chaos import run_chaos
 
             return run_chaos(
                 ns.cmd, ns.upstream, ns.fault, ns.port, as_json=ns.json, late_by=ns.late_by
             )
         if ns.command == "mcp":
-            from ._cli_mcp import run as run_mcp
+            from exactcall._mcp import run as run_mcp
 
             return run_mcp(ns, _connection(ns) if ns.mcp_command in ("proxy", "serve") else None)
         if ns.command == "quickstart":
-            from .quickstart.run import run_quickstart
+            from exactcall.quickstart.run import run_quickstart
 
             return asyncio.run(run_quickstart(ns.frameworks, as_json=ns.json))
         if ns.command == "doctor":
-            from ._doctor import run_doctor
+            from exactcall.dev._doctor import run_doctor
 
             sys.path.insert(0, os.getcwd())
             tools = _split(ns.tools)
             return asyncio.run(run_doctor(_connection(ns), tools=tools, as_json=ns.json))
         if ns.command == "demo":
-            from .demo.run import run_demo
+            from exactcall.demo.run import run_demo
 
             return asyncio.run(run_demo(_connection(ns), keep=ns.keep))
     except KeyboardInterrupt:
@@ -387,27 +387,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _client_command(ns: argparse.Namespace) -> int:
-    from . import _cli_resolve
-    from ._worker import connect
-    from .approvals import _cli as _cli_approvals
+    from exactcall._worker import connect
+    from exactcall.approvals import _cli as _cli_approvals
+    from exactcall.cli import _resolve
 
     if ns.command in ("unresolved", "resolve"):  # may use the MCP proxies' embedded server
-        return await _cli_resolve.main(ns, _connection(ns))
+        return await _resolve.main(ns, _connection(ns))
     try:
         client = await connect(_connection(ns))
     except RuntimeError as exc:
         print(f"exactcall: cannot reach Temporal: {exc}", file=sys.stderr)
         return 1
     if ns.command in ("unresolved", "resolve"):
-        return await _cli_resolve.run(ns, client)
+        return await _resolve.run(ns, client)
     if ns.command == "budgets":
-        from . import _cli_budgets
+        from exactcall.cli import _budgets
 
-        return await _cli_budgets.run(ns, client)
+        return await _budgets.run(ns, client)
     if ns.command == "undo":
-        from . import _cli_undo
+        from exactcall.cli import _undo
 
-        return await _cli_undo.run(ns, client)
+        return await _undo.run(ns, client)
     return await _cli_approvals.run(ns, client)
 
 
@@ -416,8 +416,8 @@ async def _diff(ns: argparse.Namespace) -> int:
 
     from temporalio.service import RPCError
 
-    from ._diff import calls_of, diff_calls
-    from ._worker import connect, load_tools
+    from exactcall._worker import connect, load_tools
+    from exactcall.evidence._diff import calls_of, diff_calls
 
     sys.path.insert(0, os.getcwd())
     load_tools(_split(ns.tools))
@@ -442,7 +442,7 @@ async def _diff(ns: argparse.Namespace) -> int:
 
 
 def _default_converter():  # type: ignore[no-untyped-def]
-    from ._plugin import choose_data_converter
+    from exactcall._plugin import choose_data_converter
 
     return choose_data_converter(None)
 
@@ -450,8 +450,8 @@ def _default_converter():  # type: ignore[no-untyped-def]
 async def _replay(ns: argparse.Namespace) -> int:
     import json
 
-    from ._replay import replay_histories
-    from ._worker import load_plugins, load_tools, load_workflows
+    from exactcall._worker import load_plugins, load_tools, load_workflows
+    from exactcall.evidence._replay import replay_histories
 
     sys.path.insert(0, os.getcwd())
     try:
@@ -483,7 +483,7 @@ async def _replay(ns: argparse.Namespace) -> int:
 async def _history_export(ns: argparse.Namespace) -> int:
     import json
 
-    from ._worker import connect
+    from exactcall._worker import connect
 
     client = await connect(_connection(ns))
     history = await client.get_workflow_handle(ns.workflow, run_id=ns.run_id).fetch_history()
@@ -501,7 +501,7 @@ def _split(values: Sequence[str]) -> list[str]:
 
 
 def _server(ns: argparse.Namespace) -> int:
-    from ._server import DevServer, state_dir
+    from exactcall.dev._server import DevServer, state_dir
 
     db = ns.db or state_dir() / "temporal.db"
     server = DevServer(
@@ -540,7 +540,7 @@ def _mcp_servers(options: list[str], trusted: list[str]) -> dict[str, object] | 
             raise ValueError("--mcp-trusted names a --mcp-server; none was given")
         return None
     try:
-        from .mcp._spec import parse_server_option, server_spec
+        from exactcall.mcp._spec import parse_server_option, server_spec
     except ImportError as exc:
         raise ImportError(
             f"--mcp-server needs the MCP SDK ({exc}): pip install 'exactcall[mcp]'"
@@ -553,9 +553,8 @@ def _mcp_servers(options: list[str], trusted: list[str]) -> dict[str, object] | 
 
 
 async def _worker(ns: argparse.Namespace) -> int:
-    from . import _cli_telemetry
-    from ._plugin import Plugin
-    from ._worker import (
+    from exactcall._plugin import Plugin
+    from exactcall._worker import (
         build_worker,
         connect,
         load_activities,
@@ -565,6 +564,7 @@ async def _worker(ns: argparse.Namespace) -> int:
         passthrough_all_runner,
         run_worker,
     )
+    from exactcall.cli import _telemetry
 
     sys.path.insert(0, os.getcwd())
     tools = load_tools(_split(ns.tools))
@@ -584,7 +584,7 @@ async def _worker(ns: argparse.Namespace) -> int:
         print(f"exactcall worker: {exc}", file=sys.stderr)
         return 2
     try:
-        telemetry = _cli_telemetry.client_kwargs(ns)
+        telemetry = _telemetry.client_kwargs(ns)
     except (ValueError, ImportError) as exc:
         print(f"exactcall worker: {exc}", file=sys.stderr)
         return 2
@@ -605,6 +605,6 @@ async def _worker(ns: argparse.Namespace) -> int:
         sticky_timeout=sticky,
         **{k: v for k, v in tuning.items() if v is not None},
     )
-    async with _cli_telemetry.backlog_reporting(ns, client):
+    async with _telemetry.backlog_reporting(ns, client):
         await run_worker(worker)
     return 0

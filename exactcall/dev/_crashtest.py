@@ -24,10 +24,10 @@ from typing import Any
 
 from temporalio.client import Client
 
-from . import approvals, reconciliation
-from ._crash import EXECUTIONS_ENV
-from ._procs import WorkerProcess
-from ._tool import Tool
+from exactcall import approvals, reconciliation
+from exactcall._crash import EXECUTIONS_ENV
+from exactcall._tool import Tool
+from exactcall.dev._procs import WorkerProcess
 
 __all__ = ["Boundary", "Outcome", "boundaries_for", "run_crashtest"]
 
@@ -208,7 +208,7 @@ class _Run:
         }
         if not needing:
             return
-        from ._replay import recorded_intents
+        from exactcall.evidence._replay import recorded_intents
 
         history = await self.client.get_workflow_handle(self.wid).fetch_history()
         intents = await recorded_intents(history, self.client.data_converter)
@@ -330,7 +330,7 @@ def as_json(
 
 async def plain_temporal(client: Client, address: str, bank_url: str) -> dict[str, Any]:
     """The same payment as a plain Temporal activity, worker killed right after it."""
-    from .demo.bank import Bank as _Bank  # noqa: F401  (the caller runs the bank)
+    from exactcall.demo.bank import Bank as _Bank  # noqa: F401  (the caller runs the bank)
 
     tq = f"crashtest-plain-{uuid.uuid4().hex[:8]}"
     who = f"plain-{uuid.uuid4().hex[:6]}"
@@ -374,9 +374,9 @@ def _bank_count(bank_url: str, who: str) -> int:
 
 async def main(ns: Any) -> int:
     """``exactcall crashtest`` (argparse namespace from the CLI)."""
-    from ._server import DevServer
-    from ._worker import Connection, connect, load_plugins, load_tools
-    from .demo.bank import Bank
+    from exactcall._worker import Connection, connect, load_plugins, load_tools
+    from exactcall.demo.bank import Bank
+    from exactcall.dev._server import DevServer
 
     sys.path.insert(0, str(Path.cwd()))
     if not ns.demo and not ns.target:

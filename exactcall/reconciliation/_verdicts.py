@@ -13,6 +13,10 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel
 from temporalio.common import WorkflowIDReusePolicy
 
+from exactcall._errors import ExactcallError, register_error
+from exactcall._model import FROZEN, CallIdentity, Intent
+from exactcall._ui import call_summary, intent_details
+from exactcall._wire import CANCELLED_MEMO
 from exactcall._wire import JOINED_SIGNAL as JOINED_SIGNAL
 from exactcall._wire import RECONCILE_STATE_QUERY as STATE_QUERY
 from exactcall._wire import RECONCILE_WORKFLOW as RECONCILE_WORKFLOW
@@ -22,15 +26,10 @@ from exactcall._wire import UNRESOLVED_ATTRIBUTE as UNRESOLVED_ATTRIBUTE
 from exactcall._wire import UNRESOLVED_MEMO as UNRESOLVED_MEMO
 from exactcall._wire import VERDICT_MEMO as VERDICT_MEMO
 from exactcall._wire import reconcile_id as reconcile_id
-
-from ._budget import ChargeOp, settle_charges
-from ._errors import ExactcallError, register_error
-from ._model import FROZEN, CallIdentity, Intent
-from ._ui import call_summary, intent_details
-from ._wire import CANCELLED_MEMO
+from exactcall.budgets._budget import ChargeOp, settle_charges
 
 if TYPE_CHECKING:
-    from ._tool import Tool
+    from exactcall._tool import Tool
 
 __all__ = [
     "JOINED_SIGNAL",
@@ -103,7 +102,7 @@ class Verdict(BaseModel):
 
 def to_verdict(answer: Any) -> Verdict:
     if isinstance(answer, Landed):
-        from ._canonical import to_json_value
+        from exactcall._canonical import to_json_value
 
         return Verdict(kind="landed", result=to_json_value(answer.result, "Landed result"))
     if isinstance(answer, NotLanded):

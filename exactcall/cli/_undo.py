@@ -24,13 +24,13 @@ from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
-from ._calls import RunCall, calls_in_history, link_undos, with_verdicts
-from ._canonical import to_json_value
-from ._confirm import confirm_at_terminal
-from ._errors import ExactcallError
-from ._undo import Done, RunUndoReport, UndoInput, is_undo_step
-from ._undo_plan import UndoPlan, plan_undo
-from ._wire import UNDO_WORKFLOW, undo_id
+from exactcall._calls import RunCall, calls_in_history, link_undos, with_verdicts
+from exactcall._canonical import to_json_value
+from exactcall._confirm import confirm_at_terminal
+from exactcall._errors import ExactcallError
+from exactcall._wire import UNDO_WORKFLOW, undo_id
+from exactcall.undo._plan import UndoPlan, plan_undo
+from exactcall.undo._undo import Done, RunUndoReport, UndoInput, is_undo_step
 
 __all__ = ["add_parser", "run"]
 

@@ -22,7 +22,7 @@ from typing import Any
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 
-from ._worker import Connection, connect
+from exactcall._worker import Connection, connect
 
 __all__ = ["run_doctor"]
 
@@ -73,7 +73,7 @@ async def _server(conn: Connection) -> dict[str, Any]:
         return info
     info["reached"] = True
     info["server_version"] = sysinfo.server_version or "not reported"
-    from ._plugin import SEARCH_ATTRIBUTES
+    from exactcall._plugin import SEARCH_ATTRIBUTES
 
     try:
         resp = await client.operator_service.list_search_attributes(
@@ -90,8 +90,8 @@ async def _server(conn: Connection) -> dict[str, Any]:
 
 def _tools(modules: list[str]) -> dict[str, Any]:
     """The tools in ``modules``, and what their approval options rely on without signing."""
-    from ._worker import load_tools
-    from .approvals._binding import unsigned_identity_warnings
+    from exactcall._worker import load_tools
+    from exactcall.approvals._binding import unsigned_identity_warnings
 
     tools = load_tools(modules)
     return {

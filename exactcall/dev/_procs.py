@@ -15,7 +15,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from ._crash import CRASH_ENV, CRASH_PLUGIN
+from exactcall._crash import CRASH_ENV, CRASH_PLUGIN
 
 __all__ = ["EFFECTS_ENV", "EffectCounter", "WorkerProcess", "record_effect"]
 

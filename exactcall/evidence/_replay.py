@@ -28,9 +28,9 @@ from temporalio.worker import (
     WorkflowOutboundInterceptor,
 )
 
-from ._history import HistoryCall, read_history
-from ._model import Intent, WireIntent
-from ._tool import registered_tools
+from exactcall._history import HistoryCall, read_history
+from exactcall._model import Intent, WireIntent
+from exactcall._tool import registered_tools
 
 __all__ = ["ReplayReport", "load_history", "recorded_intents", "replay_histories"]
 
@@ -125,7 +125,7 @@ async def replay_histories(
     ran with (an agent framework's). A Replayer does not show its plugin list to a plugin, so
     the others are put first: a plugin that insists on its own payload converter then sets it
     before exactcall checks that it carries pydantic models."""
-    from ._plugin import Plugin
+    from exactcall._plugin import Plugin
 
     given = list(plugins or [])
     ours = [p for p in given if isinstance(p, Plugin)] or [Plugin(tools=[])]
@@ -155,7 +155,7 @@ async def replay_histories(
 
 def _converter(plugins: Sequence[Any]) -> DataConverter:
     """The data converter the Replayer ends up with, to decode the recorded intents."""
-    from ._plugin import Plugin, choose_data_converter
+    from exactcall._plugin import Plugin, choose_data_converter
 
     conv = DataConverter.default
     for p in plugins:
@@ -205,8 +205,8 @@ def _drift(recorded: list[Intent], replayed: list[Intent], notes: list[str]) -> 
 
 
 def _same_call(old: Intent, new: Intent) -> bool:
-    from ._errors import UnknownTool
-    from ._tool import get_tool
+    from exactcall._errors import UnknownTool
+    from exactcall._tool import get_tool
 
     try:
         t = get_tool(new.tool)

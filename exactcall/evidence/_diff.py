@@ -20,13 +20,19 @@ from typing import Any
 from temporalio.client import Client, WorkflowHistory
 from temporalio.converter import DataConverter
 
-from ._audit import _quote
-from ._errors import UnknownTool
-from ._history import HistoryCall
-from ._model import Intent
-from ._replay import ABSENT, arg_differences, change_text, load_history, recorded_calls
-from ._tool import get_tool
-from ._wire import session_id_prefix
+from exactcall._errors import UnknownTool
+from exactcall._history import HistoryCall
+from exactcall._model import Intent
+from exactcall._tool import get_tool
+from exactcall._wire import session_id_prefix
+from exactcall.evidence._audit import _quote
+from exactcall.evidence._replay import (
+    ABSENT,
+    arg_differences,
+    change_text,
+    load_history,
+    recorded_calls,
+)
 
 __all__ = ["SESSION", "CallDiff", "StepDiff", "calls_of", "diff_calls"]
 

@@ -58,7 +58,7 @@ def parse_tool_window(text: str) -> tuple[str, timedelta]:
 
 def header_arg(text: str) -> tuple[str, str]:
     """``NAME=VALUE`` (``${VAR}`` read from the environment) -> (name, value) (argparse)."""
-    from .mcp._headers import parse_header
+    from exactcall.mcp._headers import parse_header
 
     try:
         return parse_header(text)
@@ -224,7 +224,7 @@ def run(ns: argparse.Namespace, connection: Any) -> int:
     ns.server_command = command
     try:
         if ns.mcp_command in ("proxy", "serve"):
-            from .mcp.proxy import run_proxy
+            from exactcall.mcp.proxy import run_proxy
 
             if bool(command) == bool(ns.url):
                 print(
@@ -235,7 +235,7 @@ def run(ns: argparse.Namespace, connection: Any) -> int:
                 return 2
             result: Any = run_proxy(ns, connection)
         else:
-            from .mcp.scan import run_scan
+            from exactcall.mcp.scan import run_scan
 
             result = run_scan(ns)
     except ImportError as exc:

@@ -30,9 +30,8 @@ from typing import Any
 from temporalio.client import Client, WorkflowExecution
 from temporalio.converter import DataConverter
 
-from ._calls import Approver, RunCall, calls_in_history, link_undos, with_verdicts
-from ._undo import is_undo_step
-from ._wire import (
+from exactcall._calls import Approver, RunCall, calls_in_history, link_undos, with_verdicts
+from exactcall._wire import (
     AUDIT_EXPORT_FORMAT,
     RECONCILE_WORKFLOW,
     RECORD_WORKFLOW,
@@ -41,6 +40,7 @@ from ._wire import (
     session_id_prefix,
     undo_id,
 )
+from exactcall.undo._undo import is_undo_step
 
 __all__ = [
     "EXPORT_FORMAT",
@@ -239,7 +239,7 @@ def _person(a: Approver, workflow_id: str, keys: Mapping[str, Any]) -> dict[str,
     if a.signed and key is not None and a.decision is not None:
         from cryptography.exceptions import InvalidSignature
 
-        from .approvals._binding import Decision, signed_payload
+        from exactcall.approvals._binding import Decision, signed_payload
 
         try:
             d = Decision.model_validate(a.decision)

@@ -35,7 +35,7 @@ def run(ns: argparse.Namespace) -> int:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from ._audit import key_id
+    from exactcall.evidence._audit import key_id
 
     if not _NAME.fullmatch(ns.name):
         return _err(

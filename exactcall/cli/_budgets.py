@@ -10,8 +10,8 @@ from typing import Any
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from ._budget import BudgetView, Charge, ledgers
-from ._wire import BUDGET_STATE_QUERY, budget_id
+from exactcall._wire import BUDGET_STATE_QUERY, budget_id
+from exactcall.budgets._budget import BudgetView, Charge, ledgers
 
 __all__ = ["add_parsers", "ledgers", "run", "view"]
 

@@ -28,11 +28,11 @@ from temporalio.worker import (
     Interceptor,
 )
 
-from ._calls import RunCall, calls_in_history
-from ._errors import ExactcallError, UnknownTool, register_error
-from ._model import Intent, WireIntent
-from ._replay import arg_differences, change_text, load_history
-from ._tool import get_tool
+from exactcall._calls import RunCall, calls_in_history
+from exactcall._errors import ExactcallError, UnknownTool, register_error
+from exactcall._model import Intent, WireIntent
+from exactcall._tool import get_tool
+from exactcall.evidence._replay import arg_differences, change_text, load_history
 
 __all__ = ["NotRecorded", "RecordedTools", "recorded_tools"]
 
@@ -101,7 +101,7 @@ class RecordedTools(SimplePlugin):
         """The recorded calls by step (read from the histories once)."""
         async with self._lock:
             if self._calls is None:
-                from ._plugin import choose_data_converter
+                from exactcall._plugin import choose_data_converter
 
                 conv = self._conv or choose_data_converter(DataConverter.default)
                 out: dict[str, RunCall] = {}

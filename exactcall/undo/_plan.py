@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ._calls import RunCall
-from ._undo import is_undo_step, undo_step
+from exactcall._calls import RunCall
+from exactcall.undo._undo import is_undo_step, undo_step
 
 __all__ = ["UndoPlan", "plan_undo"]
 

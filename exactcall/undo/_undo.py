@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, JsonValue
 
-from ._errors import ExactcallError, register_error
+from exactcall._errors import ExactcallError, register_error
 
 __all__ = [
     "UNDO_SUFFIX",

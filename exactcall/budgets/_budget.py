@@ -22,11 +22,11 @@ from pydantic import BaseModel, ConfigDict
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
-from ._errors import ExactcallError, InvalidCall, register_error
-from ._wire import BUDGET_MEMO, BUDGET_WORKFLOW, budget_id
+from exactcall._errors import ExactcallError, InvalidCall, register_error
+from exactcall._wire import BUDGET_MEMO, BUDGET_WORKFLOW, budget_id
 
 if TYPE_CHECKING:
-    from ._model import Intent
+    from exactcall._model import Intent
 
 __all__ = [
     "BatchAnswer",

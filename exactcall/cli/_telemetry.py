@@ -68,7 +68,7 @@ def client_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
     if ns.metrics_backlog < 0:
         raise ValueError(f"--metrics-backlog {ns.metrics_backlog:g}: give 0 (never) or more")
     if ns.metrics_prometheus or ns.metrics_otel:
-        from .metrics import telemetry_runtime
+        from exactcall.metrics import telemetry_runtime
 
         kw["runtime"] = telemetry_runtime(
             prometheus=ns.metrics_prometheus,
@@ -102,7 +102,7 @@ async def backlog_reporting(ns: argparse.Namespace, client: Any) -> AsyncIterato
     if not (ns.metrics_prometheus or ns.metrics_otel) or ns.metrics_backlog == 0:
         yield
         return
-    from .metrics import report_backlog
+    from exactcall.metrics import report_backlog
 
     async with report_backlog(client, timedelta(seconds=ns.metrics_backlog)):
         yield

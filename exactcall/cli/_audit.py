@@ -36,7 +36,7 @@ def parse_time(text: str) -> datetime:
 
 
 def _filters(p: argparse.ArgumentParser) -> None:
-    from ._audit import OUTCOMES
+    from exactcall.evidence._audit import OUTCOMES
 
     g = p.add_argument_group("which calls")
     g.add_argument(
@@ -98,7 +98,7 @@ def add_parsers(sub: Any, connection_args: Any) -> None:
 
 
 def _flt(ns: argparse.Namespace) -> Any:
-    from ._audit import AuditFilter
+    from exactcall.evidence._audit import AuditFilter
 
     if ns.limit is not None and ns.limit < 1:
         raise ValueError(f"-n {ns.limit}: give a positive number of calls")
@@ -116,7 +116,7 @@ def _flt(ns: argparse.Namespace) -> Any:
 
 
 def verify_command(ns: argparse.Namespace) -> int:
-    from ._audit import load_public_key, verify
+    from exactcall.evidence._audit import load_public_key, verify
 
     try:
         key = load_public_key(ns.key) if ns.key else None
@@ -136,8 +136,9 @@ def verify_command(ns: argparse.Namespace) -> int:
 async def run(ns: argparse.Namespace, connection: Any) -> int:
     from temporalio.service import RPCError
 
-    from . import __version__
-    from ._audit import (
+    from exactcall import __version__
+    from exactcall._worker import connect
+    from exactcall.evidence._audit import (
         approver_keys,
         audit_rows,
         csv_header,
@@ -145,14 +146,13 @@ async def run(ns: argparse.Namespace, connection: Any) -> int:
         export,
         text_line,
     )
-    from ._worker import connect
 
     try:
         flt = _flt(ns)
         keys = approver_keys(ns.approver_key)
         signing = None
         if ns.audit_command == "export" and ns.sign:
-            from .approvals._client import load_signing_key
+            from exactcall.approvals._client import load_signing_key
 
             signing = load_signing_key(ns.sign)
     except (OSError, ValueError, TypeError) as exc:

@@ -12,10 +12,16 @@ from typing import Any
 
 from temporalio.client import Client
 
-from ._confirm import confirm_at_terminal
-from ._wire import MCP_PROXY_TOOL as PROXY_TOOL
-from .approvals._cli import EXIT_OK, EXIT_QUEUED, EXIT_REFUSED, EXIT_USAGE
-from .reconciliation import UnresolvedCall, find, list_failed_undos, list_unresolved, resolve
+from exactcall._confirm import confirm_at_terminal
+from exactcall._wire import MCP_PROXY_TOOL as PROXY_TOOL
+from exactcall.approvals._cli import EXIT_OK, EXIT_QUEUED, EXIT_REFUSED, EXIT_USAGE
+from exactcall.reconciliation import (
+    UnresolvedCall,
+    find,
+    list_failed_undos,
+    list_unresolved,
+    resolve,
+)
 
 __all__ = ["add_parsers", "main", "run"]
 
@@ -58,13 +64,13 @@ def _home_arg(p: argparse.ArgumentParser) -> None:
 async def main(ns: argparse.Namespace, conn: Any) -> int:
     """Connect (to the MCP proxies' embedded server, when that is where the calls are: see
     exactcall.mcp._proxy_settle), run the command, leave the server."""
-    from ._worker import connect
+    from exactcall._worker import connect
 
     embedded = None
     try:
         proxies: Any
         try:
-            from .mcp import _proxy_settle as proxies
+            from exactcall.mcp import _proxy_settle as proxies
         except ImportError:  # no mcp extra: no proxy ever ran here
             proxies = None
         if proxies is not None:

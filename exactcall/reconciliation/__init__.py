@@ -14,9 +14,9 @@ from pydantic import BaseModel
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
-from ._confirm import confirm_by_query
-from ._model import RecordState
-from ._verdicts import (
+from exactcall._confirm import confirm_by_query
+from exactcall._model import RecordState
+from exactcall.reconciliation._verdicts import (
     RESOLVE_SIGNAL,
     STATE_QUERY,
     UNRESOLVED_ATTRIBUTE,
@@ -87,7 +87,7 @@ async def find(client: Client, workflow_id: str, step: str) -> UnresolvedCall:
 async def recorded_outcome(client: Client, row: UnresolvedCall) -> RecordState | None:
     """The call's recorded result, when an attempt recorded one after the call was parked
     (a late attempt of a frozen or cut-off worker); None otherwise."""
-    from .activities._records import Record
+    from exactcall.activities._records import Record
 
     handle = client.get_workflow_handle(row.reconcile_id)
     async for ev in handle.fetch_history_events():
@@ -174,8 +174,8 @@ class FailedUndo(BaseModel):
 async def list_failed_undos(client: Client) -> list[FailedUndo]:
     """Failed undos across workflows (visibility + memo; no worker needed), less the steps
     that ``exactcall undo`` has undone since."""
-    from ._undo import UndoReport
-    from ._wire import UNDO_FAILED_MEMO, undo_id
+    from exactcall._wire import UNDO_FAILED_MEMO, undo_id
+    from exactcall.undo._undo import UndoReport
 
     latest: dict[tuple[str, str], FailedUndo] = {}
     async for wf in client.list_workflows(f"{UNRESOLVED_ATTRIBUTE} = true"):

@@ -1,0 +1,1 @@
+"""Budgets: the ledger's client side, and the worker that batches reservations."""

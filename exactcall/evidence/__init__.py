@@ -1,0 +1,1 @@
+"""What a run did, read back: audit and signed export, diff, recorded tools, replay."""

@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from exactcall.dev._serve import ServedHTTP
+from exactcall._serve import ServedHTTP
 from exactcall.dev._server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent

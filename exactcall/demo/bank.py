@@ -47,7 +47,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TypeGuard
 from urllib.parse import parse_qs, urlsplit
 
-from exactcall.dev._serve import ServedHTTP
+from exactcall._serve import ServedHTTP
 
 __all__ = ["Bank", "main"]
 

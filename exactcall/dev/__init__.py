@@ -1,2 +1,2 @@
 """Developer tooling, not the call path: the embedded Temporal server, worker processes, the
-crashtest, the chaos proxy and the fault kit, the demo bank's HTTP server, doctor."""
+crashtest, the chaos proxy and the fault kit, doctor."""

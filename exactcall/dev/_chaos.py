@@ -41,7 +41,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 from urllib.parse import SplitResult, urlsplit
 
-from exactcall.dev._serve import ServedHTTP
+from exactcall._serve import ServedHTTP
 
 __all__ = ["ENV_VAR", "FAULTS", "Action", "ChaosProxy", "ChaosReport", "run_chaos"]
 

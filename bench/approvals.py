@@ -234,7 +234,7 @@ async def amain(args: argparse.Namespace) -> int:
     import temporalio
 
     from exactcall._worker import Connection, build_worker, connect
-    from exactcall.dev._server import FAST_CONFIG, DevServer
+    from exactcall.embedded._server import FAST_CONFIG, DevServer
 
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     json_path = args.json or HERE / "results" / f"approvals-{stamp}.json"

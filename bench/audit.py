@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._bench_workflows import BareCalls, ExactCalls
 from exactcall._log import configure_logging
 from exactcall._worker import Connection, build_worker, connect
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from exactcall.evidence._audit import AuditFilter, audit_rows, export
 
 

@@ -45,7 +45,7 @@ from bench._bench_workflows import BENCH_BUDGET, ExactCalls  # noqa: E402
 from exactcall._log import configure_logging  # noqa: E402
 from exactcall._wire import budget_id  # noqa: E402
 from exactcall._worker import Connection, build_worker, connect  # noqa: E402
-from exactcall.dev._server import DevServer, free_port  # noqa: E402
+from exactcall.embedded._server import DevServer, free_port  # noqa: E402
 
 MODES = {"plain": "ec_work", "budgeted": "ec_work_budgeted"}
 

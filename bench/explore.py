@@ -182,7 +182,7 @@ async def amain(ns: argparse.Namespace) -> int:
     from bench._guard import watch
     from exactcall._worker import Connection, connect
     from exactcall.demo.bank import Bank
-    from exactcall.dev._server import DevServer
+    from exactcall.embedded._server import DevServer
 
     rng = random.SystemRandom()
     count = 1 if ns.seed is not None else (ns.schedules or 10**9)

@@ -70,7 +70,7 @@ async def http_session(url: str) -> AsyncIterator[Client]:
 @contextlib.contextmanager
 def process(argv: list[str], env: dict[str, str], log: Path, port: int) -> Any:
     """A server process listening on ``port`` (an HTTP MCP server, or ``mcp serve``)."""
-    from exactcall.dev._server import port_open
+    from exactcall.embedded._server import port_open
 
     with log.open("a") as err:
         proc = subprocess.Popen([sys.executable, *argv], env=env, cwd=ROOT, stdout=err, stderr=err)
@@ -156,7 +156,7 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 for m in argv
             }
         else:
-            from exactcall.dev._server import free_port
+            from exactcall.embedded._server import free_port
 
             def listening(argv: Any, name: str) -> str:
                 """Start ``argv(port)`` on a free port; its URL."""

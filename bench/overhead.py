@@ -93,7 +93,7 @@ def server_cpu_s(pid: int | None) -> float | None:
 
 
 def temporal_version() -> str:
-    from exactcall.dev._server import temporal_binary
+    from exactcall.embedded._server import temporal_binary
 
     try:
         out = subprocess.run(
@@ -930,7 +930,7 @@ async def amain(args: argparse.Namespace) -> int:
     import temporalio
 
     from exactcall._worker import Connection, build_worker, connect
-    from exactcall.dev._server import FAST_CONFIG, DevServer, free_port
+    from exactcall.embedded._server import FAST_CONFIG, DevServer, free_port
 
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     json_path = args.json or HERE / "results" / f"overhead-{stamp}.json"

@@ -43,7 +43,7 @@ import exactcall  # noqa: E402
 from exactcall._worker import Connection, build_worker, connect  # noqa: E402
 from exactcall.demo.bank import Bank  # noqa: E402
 from exactcall.demo.bank_client import post_payment  # noqa: E402
-from exactcall.dev._server import DevServer  # noqa: E402
+from exactcall.embedded._server import DevServer  # noqa: E402
 
 
 @exactcall.tool(provider_idempotent=True)

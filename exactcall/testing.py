@@ -46,7 +46,7 @@ import pytest
 
 from exactcall.dev._faults import FaultProxy
 from exactcall.dev._procs import EFFECTS_ENV, EffectCounter, WorkerProcess, record_effect
-from exactcall.dev._server import DevServer, free_port
+from exactcall.embedded._server import DevServer, free_port
 from exactcall.evidence._recorded import NotRecorded, RecordedTools, recorded_tools
 
 __all__ = [

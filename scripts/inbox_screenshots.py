@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT))
 from exactcall import approvals  # noqa: E402
 from exactcall._worker import Connection, build_worker, connect  # noqa: E402
 from exactcall.demo.bank import Bank  # noqa: E402
-from exactcall.dev._server import DevServer  # noqa: E402
+from exactcall.embedded._server import DevServer  # noqa: E402
 from exactcall.inbox import issue_token  # noqa: E402
 from tests.conftest import WORKFLOWS, plan, step  # noqa: E402
 from tests.inbox_app import InboxProcess, chromium, login  # noqa: E402

@@ -31,7 +31,7 @@ from exactcall._ui import SAVED_VIEWS
 from exactcall._worker import Connection, build_worker, connect
 from exactcall.demo.bank import Bank
 from exactcall.demo.bank_client import post_payment
-from exactcall.dev._server import DevServer, free_port
+from exactcall.embedded._server import DevServer, free_port
 
 TASK_QUEUE = "ui-screenshots"
 CHROMIUM_ARGS = [

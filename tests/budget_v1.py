@@ -24,7 +24,7 @@ def budget_late(bank: str, amount: int, to: str) -> dict[str, Any]:
 async def _record() -> None:
     from exactcall._worker import Connection, connect
     from exactcall.demo.bank import Bank
-    from exactcall.dev._server import DevServer
+    from exactcall.embedded._server import DevServer
     from tests.conftest import plan, running_worker, start_agent, step
     from tests.make_histories import without_stack_traces
 

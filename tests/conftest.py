@@ -16,7 +16,7 @@ from temporalio.worker import Worker
 import exactcall
 from exactcall._worker import Connection, build_worker, connect
 from exactcall.demo.bank import Bank
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from exactcall.testing import WorkerProcess as TestingWorker
 from tests import tools
 from tests.workflows import Agent, BareAgent, Forge, Rounds, Uncaught

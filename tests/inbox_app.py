@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from exactcall._serve import ServedHTTP
-from exactcall.dev._server import free_port
+from exactcall.embedded._server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"

@@ -286,7 +286,7 @@ def main() -> int:
     import tempfile
 
     from exactcall.demo.bank import Bank
-    from exactcall.dev._server import DevServer
+    from exactcall.embedded._server import DevServer
 
     with (
         tempfile.TemporaryDirectory() as tmp,

@@ -39,7 +39,7 @@ from exactcall._wire import undo_id
 from exactcall._worker import Connection, build_worker, connect
 from exactcall.activities import Record
 from exactcall.demo.bank import Bank
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from exactcall.reconciliation._verdicts import reconcile_id
 from tests.cancel_app import HoldsTheJoin, SeesTheChildStart  # and its tools
 from tests.conftest import plan, running_worker, step

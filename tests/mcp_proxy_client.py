@@ -20,7 +20,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from temporalio.client import Client as TemporalClient
 
-from exactcall.dev._server import free_port, port_open
+from exactcall.embedded._server import free_port, port_open
 from exactcall.reconciliation import list_unresolved
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -282,7 +282,7 @@ async def _regenerate() -> None:
     """Run one agent (two parallel payments, then a second turn) and store its history."""
     from exactcall._worker import Connection, build_worker, connect
     from exactcall.demo.bank import Bank
-    from exactcall.dev._server import DevServer
+    from exactcall.embedded._server import DevServer
 
     with (
         DevServer(fast=True) as srv,

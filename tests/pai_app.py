@@ -285,7 +285,7 @@ async def _record(address: str, bank: str) -> None:
 def main() -> None:
     """Regenerate the stored history on an embedded dev server of its own."""
     from exactcall.demo.bank import Bank
-    from exactcall.dev._server import DevServer
+    from exactcall.embedded._server import DevServer
 
     with (
         DevServer(fast=True) as srv,

@@ -17,7 +17,7 @@ import exactcall
 from exactcall import approvals
 from exactcall._worker import Connection, connect
 from exactcall.demo.bank import Bank
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from tests.conftest import plan, running_worker, start_agent, step
 from tests.workflows import Forge
 

@@ -21,7 +21,7 @@ from temporalio.worker import Worker
 import exactcall
 from exactcall import approvals
 from exactcall.demo.bank import Bank
-from exactcall.dev._server import DevServer, temporal_binary
+from exactcall.embedded._server import DevServer, temporal_binary
 from exactcall.testing import WorkerProcess
 from tests.conftest import ROOT, plan, start_agent, step
 from tests.test_approvals import eventually, pending_of

@@ -22,7 +22,7 @@ import exactcall
 from exactcall import approvals, reconciliation
 from exactcall._worker import Connection, connect
 from exactcall.demo.bank import Bank
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from exactcall.evidence._audit import AuditFilter, audit_rows, key_id, verify
 from tests import audit_app as audit_app
 from tests.conftest import ROOT, plan, running_worker, start_agent, step

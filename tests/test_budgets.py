@@ -27,7 +27,7 @@ from exactcall._worker import build_worker
 from exactcall.budgets._budget import LedgerInput
 from exactcall.cli._budgets import view
 from exactcall.demo.bank import Bank
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from exactcall.evidence._audit import AuditFilter, audit_rows
 from exactcall.evidence._replay import replay_histories
 from exactcall.testing import WorkerProcess

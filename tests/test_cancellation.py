@@ -27,7 +27,7 @@ from exactcall._model import RecordEvent, RecordInit, intent_from_input
 from exactcall._worker import build_worker
 from exactcall.activities import Record
 from exactcall.demo.bank import Bank
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from exactcall.reconciliation._verdicts import Settled
 from exactcall.testing import WorkerProcess, assert_replays
 from exactcall.workflows import MARK_SIGNAL, record_id

@@ -13,7 +13,7 @@ from pathlib import Path
 from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 from temporalio.client import Client
 
-from exactcall.dev._server import free_port, port_open
+from exactcall.embedded._server import free_port, port_open
 from tests.conftest import ROOT
 
 

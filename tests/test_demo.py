@@ -11,7 +11,7 @@ import pytest
 
 from exactcall import reconciliation
 from exactcall._worker import Connection, connect
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from exactcall.workflows import record_id
 
 pytestmark = pytest.mark.crash

@@ -1,4 +1,4 @@
-"""The embedded dev server (``exactcall.dev._server.DevServer``): what it leaves behind, and what
+"""The embedded dev server (``exactcall.embedded._server.DevServer``): what it leaves behind, and what
 it says when it cannot start."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 
 
 def _logs() -> set[Path]:
@@ -25,7 +25,7 @@ def test_a_server_whose_owner_is_killed_leaves_no_log_file() -> None:
         [
             sys.executable,
             "-c",
-            "import time\nfrom exactcall.dev._server import DevServer\n"
+            "import time\nfrom exactcall.embedded._server import DevServer\n"
             "s = DevServer().start()\nprint(s.pid, flush=True)\ntime.sleep(60)",
         ],
         stdout=subprocess.PIPE,

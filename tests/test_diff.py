@@ -16,7 +16,7 @@ from temporalio.converter import DataConverter
 from temporalio.worker import Worker
 
 from exactcall.demo.bank import Bank
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from exactcall.evidence._replay import load_history, recorded_calls
 from exactcall.testing import assert_same_calls
 from tests.conftest import ROOT, plan, start_agent, step

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from tests.conftest import ROOT
 
 

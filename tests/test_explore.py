@@ -14,7 +14,7 @@ from bench._explore_world import Run, World
 from bench.explore import run_schedule
 from exactcall.demo.bank import Bank
 from exactcall.demo.bank_client import post_payment
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 
 pytestmark = pytest.mark.crash
 

@@ -22,7 +22,7 @@ from exactcall.activities._calling import LATE_ATTEMPT
 from exactcall.activities._cancelling import FAIL_STOP_EXIT
 from exactcall.demo.bank import Bank
 from exactcall.dev._faults import Mode
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from exactcall.reconciliation import list_unresolved
 from exactcall.reconciliation._verdicts import Settled, reconcile_id
 from exactcall.testing import EffectCounter, FaultProxy, WorkerProcess

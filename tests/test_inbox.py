@@ -22,7 +22,7 @@ from exactcall import approvals
 from exactcall._worker import Connection, build_worker, connect
 from exactcall.cli._main import main
 from exactcall.demo.bank import Bank
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from exactcall.inbox import issue_token
 from tests.conftest import WORKFLOWS, plan, start_agent, step
 from tests.inbox_app import InboxProcess, Receiver, chromium, login

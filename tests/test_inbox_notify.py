@@ -12,7 +12,7 @@ from temporalio.worker import Worker
 
 from exactcall import approvals
 from exactcall.demo.bank import Bank
-from exactcall.dev._server import free_port
+from exactcall.embedded._server import free_port
 from exactcall.inbox import Event, Notifier, Webhook
 from tests.conftest import plan, start_agent, step
 from tests.inbox_app import Receiver

@@ -26,7 +26,7 @@ import exactcall.langgraph as xlg
 from exactcall import approvals
 from exactcall._worker import build_worker
 from exactcall.demo.bank import Bank
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from exactcall.quickstart import langgraph as quickstart
 from exactcall.quickstart._common import CRASH_PLAIN_ENV
 from exactcall.testing import WorkerProcess, assert_replays

@@ -31,7 +31,7 @@ from temporalio.converter import PayloadCodec
 from exactcall import approvals
 from exactcall._worker import build_worker
 from exactcall.demo.bank import Bank
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from exactcall.testing import WorkerProcess
 from tests import tools
 from tests.conftest import ROOT, plan, step

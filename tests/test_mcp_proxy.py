@@ -20,11 +20,11 @@ from temporalio.client import Client as TemporalClient
 
 import exactcall
 from exactcall._canonical import derive_key
-from exactcall._embedded import is_configured
+from exactcall.embedded._shared import is_configured
 from exactcall._worker import Connection
 from exactcall.approvals import approve, list_pending
 from exactcall.cli._main import main as cli_main
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from exactcall.mcp._proxy_policy import first_word
 from exactcall.mcp._proxy_workflow import PROXY_TOOL, proxy_tool
 from exactcall.mcp.proxy import derive_name

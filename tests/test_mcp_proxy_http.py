@@ -24,7 +24,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from exactcall.cli._main import main as cli_main
-from exactcall.dev._server import DevServer, free_port
+from exactcall.embedded._server import DevServer, free_port
 from tests.mcp_proxy_client import (
     DEDUP,
     OUTCOME,

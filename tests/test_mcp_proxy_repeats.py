@@ -21,7 +21,7 @@ from temporalio.worker import Replayer
 import exactcall
 from exactcall._worker import build_worker
 from exactcall.cli._main import main as cli_main
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from exactcall.evidence._audit import AuditFilter, audit_rows
 from exactcall.mcp._proxy_workflow import (
     LINGER,

@@ -22,7 +22,7 @@ from mcp.client.stdio import stdio_client
 
 from exactcall._canonical import derive_key
 from exactcall.cli._main import main as cli_main
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from exactcall.mcp._proxy_workflow import PROXY_TOOL
 from tests.mcp_proxy_client import (
     DEDUP,

@@ -21,7 +21,7 @@ import exactcall.mcp
 from exactcall import approvals, reconciliation
 from exactcall._worker import Connection, build_worker, connect
 from exactcall.cli._main import main as cli_main
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from exactcall.testing import WorkerProcess
 from tests import mcp_app
 from tests.conftest import ROOT, plan, start_agent, step

@@ -32,7 +32,7 @@ from exactcall import approvals, reconciliation
 from exactcall.cli._main import _parser
 from exactcall.cli._telemetry import client_kwargs
 from exactcall.demo.bank import Bank
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from exactcall.testing import WorkerProcess
 from tests import budget_app as budget_app
 from tests import metrics_app

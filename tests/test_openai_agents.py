@@ -26,7 +26,7 @@ from exactcall import approvals, reconciliation
 from exactcall import openai_agents as oa
 from exactcall._worker import Connection, build_worker, connect
 from exactcall.demo.bank import Bank
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from exactcall.evidence._replay import load_history, recorded_intents
 from exactcall.quickstart import openai_agents as quickstart
 from exactcall.testing import WorkerProcess, assert_replays

@@ -31,7 +31,7 @@ import exactcall
 from exactcall._converter import ModelsAsPydantic
 from exactcall._plugin import carries_pydantic, choose_data_converter
 from exactcall.approvals import Decision
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from tests.conftest import plan, running_worker, start_agent, step
 
 

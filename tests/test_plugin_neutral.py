@@ -18,7 +18,7 @@ from temporalio.worker import Worker
 import exactcall
 from exactcall._worker import Connection, connect
 from exactcall.demo.bank import Bank
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from tests.plain_app import (
     MONEY,
     Dynamic,

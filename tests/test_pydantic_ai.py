@@ -25,7 +25,7 @@ import exactcall
 from exactcall import approvals, reconciliation
 from exactcall._worker import Connection, build_worker, connect
 from exactcall.demo.bank import Bank
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from exactcall.pydantic_ai import ARGS_HASH, approve, toolset
 from exactcall.quickstart import pydantic_ai as quickstart
 from exactcall.testing import WorkerProcess, assert_replays

@@ -12,7 +12,7 @@ from temporalio.client import Client
 
 from exactcall import reconciliation
 from exactcall.demo.bank import Bank
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from exactcall.evidence._audit import AuditFilter, audit_rows
 from exactcall.testing import WorkerProcess
 from tests.conftest import plan, start_agent, step

@@ -21,7 +21,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from exactcall import reconciliation
 from exactcall.activities import Record, _records, _runs
 from exactcall.demo.bank import Bank
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from exactcall.workflows import record_id
 from tests.conftest import per_call_client, plan, running_worker, start_agent, step
 from tests.test_approvals import eventually

@@ -20,7 +20,7 @@ import exactcall
 from exactcall._worker import Connection, connect
 from exactcall.activities import Record, _runs
 from exactcall.demo.bank import Bank
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from exactcall.workflows import record_id
 from tests.cancel_app import HELD
 from tests.conftest import plan, running_worker, start_agent, step

@@ -23,7 +23,7 @@ from exactcall import approvals
 from exactcall._worker import Connection, connect
 from exactcall.approvals._binding import PENDING_ATTRIBUTE
 from exactcall.demo.bank import Bank
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from exactcall.workflows._state import SEARCH_ATTRIBUTES_OFF_PATCH, SEARCH_ATTRIBUTES_ON_PATCH
 from tests.conftest import plan, running_worker, start_agent, step
 from tests.test_approvals import pending_of

@@ -22,7 +22,7 @@ from exactcall._wire import session_call_id
 from exactcall.approvals import approve, list_pending
 from exactcall.cli._main import main as cli_main
 from exactcall.demo.bank import Bank
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from exactcall.evidence._audit import AuditFilter, audit_rows
 from exactcall.evidence._diff import calls_of, diff_calls
 from exactcall.session._lock import SessionLock

@@ -20,7 +20,7 @@ from bench._soak_faults import KINDS
 from bench.soak import SoakConfig, run_soak
 from exactcall._worker import Connection, connect
 from exactcall.demo.bank import Bank
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from exactcall.testing import free_port
 
 pytestmark = pytest.mark.crash

@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from tests.conftest import ROOT
 
 

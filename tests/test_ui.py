@@ -28,7 +28,7 @@ from exactcall._ui import RECORD_TYPE, RUN_CLAIM_TYPE, SAVED_VIEWS
 from exactcall._worker import build_worker
 from exactcall.activities import _runs
 from exactcall.demo.bank import Bank
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from exactcall.workflows import RECORD_WORKFLOW, record_id
 from tests.conftest import WORKFLOWS, plan, start_agent, step
 from tests.test_approvals import eventually

@@ -20,7 +20,7 @@ import exactcall
 from exactcall._canonical import derive_key
 from exactcall._worker import build_worker
 from exactcall.demo.bank import Bank
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from exactcall.evidence._audit import AuditFilter, audit_rows
 from exactcall.testing import WorkerProcess
 from tests import undo_app as undo_app

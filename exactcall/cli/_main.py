@@ -501,7 +501,7 @@ def _split(values: Sequence[str]) -> list[str]:
 
 
 def _server(ns: argparse.Namespace) -> int:
-    from exactcall.dev._server import DevServer, state_dir
+    from exactcall.embedded._server import DevServer, state_dir
 
     db = ns.db or state_dir() / "temporal.db"
     server = DevServer(

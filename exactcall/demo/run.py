@@ -51,7 +51,7 @@ from exactcall._worker import Connection, connect
 from exactcall.activities._runs import run_claim_id
 from exactcall.demo.bank import Bank
 from exactcall.dev._procs import WorkerProcess
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from exactcall.workflows import record_id
 
 __all__ = ["run_demo"]

@@ -376,7 +376,7 @@ async def main(ns: Any) -> int:
     """``exactcall crashtest`` (argparse namespace from the CLI)."""
     from exactcall._worker import Connection, connect, load_plugins, load_tools
     from exactcall.demo.bank import Bank
-    from exactcall.dev._server import DevServer
+    from exactcall.embedded._server import DevServer
 
     sys.path.insert(0, str(Path.cwd()))
     if not ns.demo and not ns.target:

@@ -15,7 +15,7 @@ __all__ = ["add_parser", "run"]
 
 
 def _default_tokens() -> Path:
-    from exactcall.dev._server import state_dir
+    from exactcall.embedded._server import state_dir
 
     return state_dir() / "inbox-tokens.json"
 

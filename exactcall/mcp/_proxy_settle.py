@@ -32,18 +32,18 @@ from typing import Any
 
 from temporalio.client import Client
 
-from exactcall._embedded import (
+from exactcall.embedded._shared import (
     Embedded,
     embedded_paths,
     is_configured,
     start_embedded,
 )
-from exactcall._embedded import host_port as _host_port
-from exactcall._embedded import read_info as _read_info
+from exactcall.embedded._shared import host_port as _host_port
+from exactcall.embedded._shared import read_info as _read_info
 from exactcall._plugin import Plugin
 from exactcall._wire import RECONCILE_WORKFLOW, UNRESOLVED_ATTRIBUTE
 from exactcall._worker import Connection, build_worker, connect
-from exactcall.dev._server import port_open
+from exactcall.embedded._server import port_open
 from exactcall.mcp._proxy_workflow import (
     APPROVED_WORKFLOW,
     OWNED_WORKFLOW,

@@ -29,10 +29,10 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
-from exactcall._embedded import Embedded, cli_flags, host_port, is_configured, start_embedded
+from exactcall.embedded._shared import Embedded, cli_flags, host_port, is_configured, start_embedded
 from exactcall._plugin import Plugin
 from exactcall._worker import Connection, build_worker, connect
-from exactcall.dev._server import port_open, state_dir
+from exactcall.embedded._server import port_open, state_dir
 from exactcall.mcp._proxy_workflow import (
     AWAIT_SETTLED,
     ApprovedProxyCall,

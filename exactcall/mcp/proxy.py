@@ -46,7 +46,7 @@ from temporalio import activity
 
 import exactcall
 from exactcall._worker import Connection
-from exactcall.dev._server import state_dir
+from exactcall.embedded._server import state_dir
 from exactcall.mcp._meta import KEY_META, NOT_EXECUTED_META
 from exactcall.mcp._proxy_calls import Call, Caller, Reply, tool_error
 from exactcall.mcp._proxy_http import HttpUpstream

@@ -34,7 +34,7 @@ from exactcall._crash import CRASH_ENV
 from exactcall._plugin import Plugin
 from exactcall.demo.bank import Bank
 from exactcall.dev._procs import WorkerProcess
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from exactcall.quickstart._common import CRASH_PLAIN_ENV
 
 __all__ = ["FRAMEWORKS", "Framework", "run_quickstart"]

@@ -31,7 +31,7 @@ from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.worker import Worker
 
 from exactcall._canonical import args_hash
-from exactcall._embedded import Embedded, cli_flags, is_configured, start_embedded
+from exactcall.embedded._shared import Embedded, cli_flags, is_configured, start_embedded
 from exactcall._errors import ExactcallError, InvalidCall
 from exactcall._plugin import Plugin
 from exactcall._tool import Tool, resolve_tool

@@ -9,7 +9,7 @@ import uuid
 import exactcall
 from exactcall._tool import get_tool
 from exactcall._worker import Connection, build_worker, connect
-from exactcall.dev._server import DevServer
+from exactcall.embedded._server import DevServer
 from tests.two_apps import app_a, app_b
 
 

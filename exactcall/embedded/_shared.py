@@ -26,7 +26,7 @@ import structlog
 from temporalio.envconfig import ClientConfig
 
 from exactcall._worker import Connection
-from exactcall.dev._server import DevServer, port_open, state_dir
+from exactcall.embedded._server import DevServer, port_open, state_dir
 
 __all__ = [
     "EMBEDDED",

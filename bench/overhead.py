@@ -503,6 +503,11 @@ def timed_activity_factory() -> Callable[[Any, Variant, Sink], Callable[..., Awa
             finally:
                 self.sink.stages["complete by task token RPC"].append(time.perf_counter() - t0)
 
+        async def _tell_a_parked_reconciliation(self, value: Any) -> None:
+            if self.variant.done_marker:  # 0.x had no reconciliation to tell (it would wait)
+                return
+            await super()._tell_a_parked_reconciliation(value)
+
         async def _invoke(self, beat_phase: str) -> Any:
             t0 = time.perf_counter()
             try:

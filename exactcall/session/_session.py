@@ -31,7 +31,6 @@ from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.worker import Worker
 
 from exactcall._canonical import args_hash
-from exactcall.embedded._shared import Embedded, cli_flags, is_configured, start_embedded
 from exactcall._errors import ExactcallError, InvalidCall
 from exactcall._plugin import Plugin
 from exactcall._tool import Tool, resolve_tool
@@ -42,6 +41,7 @@ from exactcall._wire import (
     session_id_prefix,
 )
 from exactcall._worker import Connection, build_worker, connect
+from exactcall.embedded._shared import Embedded, cli_flags, is_configured, start_embedded
 from exactcall.session._errors import ApprovalPending, SessionBusy, rebuilt
 from exactcall.session._lock import BEAT, Holder, SessionLock, hold, on_hold_lost
 from exactcall.session._workflow import CallInput, Outcome, SessionCall
@@ -53,6 +53,8 @@ MAX_SESSION_ID = 200
 OnUnknown = Literal["wait", "raise"]
 _OPEN: set[str] = set()
 """Sessions open in this process (a second open of one is refused at once)."""
+STICKY = timedelta(seconds=2)
+"""How long a killed process's sticky queue holds its workflows' next tasks."""
 PENDING_POLL = 0.2
 """How often ``wait=False`` asks whether the call waits for a person (seconds)."""
 
@@ -105,8 +107,11 @@ class Session:
         try:
             self._client = self._given or await self._connect()
             _check_plugin(self._client)
-            self._start_workers(self._client)
+            self._start_lock_workers(self._client)
             await self._acquire(self._client)
+            self._run_workers(  # only now: a process refused the session runs none of its calls
+                build_worker(self._client, self.task_queue, [SessionCall], sticky_timeout=STICKY)
+            )
         except BaseException:
             await self._close(release=False)
             raise
@@ -133,27 +138,37 @@ class Session:
             conn = Connection(address=self._embedded.address)
         return await connect(conn, Plugin())
 
-    def _start_workers(self, client: Client) -> None:
-        main = build_worker(
-            client,
-            self.task_queue,
-            [SessionCall, SessionLock],
-            sticky_timeout=timedelta(seconds=2),
+    def _start_lock_workers(self, client: Client) -> None:
+        """The lock's workflow (its own queue, served by every process that opens or holds
+        the session) and this process's hold (its own queue), on a client without plugins:
+        nothing of exactcall's or of the tools' is registered there."""
+        bare = Client(
+            client.service_client, namespace=client.namespace, data_converter=client.data_converter
         )
-        # the hold runs on this process's own queue, on a client without plugins (nothing of
-        # exactcall's is registered there)
-        bare = Client(client.service_client, namespace=client.namespace)
-        holder = Worker(
-            bare,
-            task_queue=self._own_queue,
-            activities=[hold],
-            max_heartbeat_throttle_interval=timedelta(seconds=BEAT),
-            graceful_shutdown_timeout=timedelta(seconds=1),
+        self._run_workers(
+            Worker(
+                bare,
+                task_queue=self._lock_queue,
+                workflows=[SessionLock],
+                sticky_queue_schedule_to_start_timeout=STICKY,
+            ),
+            Worker(
+                bare,
+                task_queue=self._own_queue,
+                activities=[hold],
+                max_heartbeat_throttle_interval=timedelta(seconds=BEAT),
+                graceful_shutdown_timeout=timedelta(seconds=1),
+            ),
         )
-        for w in (main, holder):
-            self._workers.append(
-                (w, asyncio.create_task(w.run(), name=f"exactcall-{w.task_queue}"))
-            )
+
+    def _run_workers(self, *workers: Worker) -> None:
+        for w in workers:
+            task = asyncio.create_task(w.run(), name=f"exactcall-{w.task_queue}")
+            self._workers.append((w, task))
+
+    @property
+    def _lock_queue(self) -> str:
+        return f"{self.task_queue}/lock"
 
     @property
     def _own_queue(self) -> str:
@@ -173,7 +188,7 @@ class Session:
                 SessionLock.run,
                 self.id,
                 id=session_id_prefix(self.id),
-                task_queue=self.task_queue,
+                task_queue=self._lock_queue,
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
                 static_summary=f"exactcall session {self.id}",
             )

@@ -344,3 +344,20 @@ async def test_signed_decisions_from_the_page_with_the_key_the_inbox_holds(
     assert bank.count(to=who) == 1
     (ok,) = [r for r in v.decisions if r.accepted]
     assert ok.decision.by == "alice" and ok.decision.signature
+
+
+async def test_an_expired_call_gets_a_clear_answer_and_nothing_runs(
+    client: Client, inbox_worker: None, inbox: Any, browser: Any, bank: Bank, who: str, tq: str
+) -> None:
+    proc, tokens = inbox
+    handle = await start_agent(client, tq, plan(step("hasty_transfer", bank.url, 10, who)))
+    await pending_of(client, handle)  # it waits 2 s at most
+    page = await login(browser, proc.url, tokens["alice"])
+    await page.goto(f"{proc.url}/call?wf={handle.id}&step=hasty_transfer%231")
+    await page.wait_for_selector("#gone", timeout=15_000)  # the open page sees it go
+    await page.click("#approve")
+    assert await page.inner_text("#answer-title") == "Not waiting any more"
+    assert await page.inner_text("#answer") == "It no longer waits: expired. Nothing was sent."
+    await page.context.close()
+    out = await handle.result()
+    assert out[0]["error"] == "ApprovalExpired" and bank.count(to=who) == 0

@@ -16,8 +16,9 @@ from typing import Any, Literal
 from temporalio.client import Client
 
 from exactcall.approvals import ApprovalsView, decide, view
+from exactcall.evidence._audit import AuditFilter, audit_rows
 
-__all__ = ["Answer", "decide_from_page", "last_outcome"]
+__all__ = ["Answer", "decide_from_page", "gone", "last_outcome"]
 
 SIGNING_HINT = (
     "This worker requires signed decisions. The inbox signs with your key when its operator "
@@ -50,9 +51,8 @@ async def decide_from_page(
     v = await view(client, workflow_id)
     req = next((r for r in v.pending if r.step == step), None)
     if req is None:
-        return Answer(
-            False, "Not waiting any more", f"{last_outcome(v, step)}. Nothing was sent.", False
-        )
+        said = await gone(client, workflow_id, step, v)
+        return Answer(False, "Not waiting any more", f"{said}. Nothing was sent.", False)
     if req.args_hash != shown_hash:
         return Answer(
             False,
@@ -102,3 +102,16 @@ def last_outcome(v: ApprovalsView, step: str) -> str:
     d = done[-1].decision
     why = f" ({d.reason})" if d.reason else ""
     return f"It was already decided: {done[-1].outcome} by {d.by}{why}"
+
+
+async def gone(client: Client, workflow_id: str, step: str, v: ApprovalsView) -> str:
+    """What became of a call that no longer waits: its decision, else its audit row (expired,
+    cancelled, ...). Reads the run's history: for a page's answer, not for polling."""
+    said = last_outcome(v, step)
+    if not said.startswith("It no longer waits"):
+        return said
+    async for row in audit_rows(client, AuditFilter(workflow=workflow_id)):
+        if row["step"] == step:
+            error = f" ({row['error']})" if row["error"] else ""
+            return f"It no longer waits: {row['outcome']}{error}"
+    return said

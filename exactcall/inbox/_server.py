@@ -24,7 +24,7 @@ from exactcall._serve import ServedHTTP
 from exactcall.evidence._audit import AuditFilter, audit_rows
 from exactcall.inbox import _pages as pages
 from exactcall.inbox._auth import COOKIE, Authenticator, Identity, TokenAuth
-from exactcall.inbox._decide import decide_from_page, last_outcome
+from exactcall.inbox._decide import decide_from_page, gone, last_outcome
 
 __all__ = ["EventLoop", "Inbox"]
 
@@ -192,10 +192,11 @@ class _Handler(BaseHTTPRequestHandler):
         v = self.app.loop.run(view(self.app.client, q["wf"]))
         req = next((r for r in v.pending if r.step == q["step"]), None)
         if path == "/call.part":
-            gone = last_outcome(v, q["step"]) if req is None else ""
-            return self._send(HTTPStatus.OK, pages.call_status(req, q.get("hash", ""), gone))
+            left = last_outcome(v, q["step"]) if req is None else ""
+            return self._send(HTTPStatus.OK, pages.call_status(req, q.get("hash", ""), left))
         if req is None:
-            detail = f"{q['step']} of {q['wf']}: {last_outcome(v, q['step'])}."
+            said = self.app.loop.run(gone(self.app.client, q["wf"], q["step"], v))
+            detail = f"{q['step']} of {q['wf']}: {said}."
             return self._send(HTTPStatus.NOT_FOUND, pages.error_page("Not waiting", detail))
         note = self.app.signing_note(who.name)
         return self._send(HTTPStatus.OK, pages.call_page(req, who.name, csrf, note))

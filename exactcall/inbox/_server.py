@@ -19,8 +19,8 @@ from urllib.parse import parse_qs, urlsplit
 
 from temporalio.client import Client
 
-from exactcall.approvals import ApprovalRequest, list_pending, load_signing_key, view
 from exactcall._serve import ServedHTTP
+from exactcall.approvals import ApprovalRequest, list_pending, load_signing_key, view
 from exactcall.evidence._audit import AuditFilter, audit_rows
 from exactcall.inbox import _pages as pages
 from exactcall.inbox._auth import COOKIE, Authenticator, Identity, TokenAuth

@@ -22,8 +22,8 @@ from exactcall.activities._cancelling import ToolCancelled, durably
 from exactcall.activities._claim import holding
 from exactcall.activities._markers import Markers, describe
 from exactcall.reconciliation._verdicts import (
+    RECONCILE_STATE_QUERY,
     RESOLVE_SIGNAL,
-    STATE_QUERY,
     ReconcileState,
     Resolution,
     reconcile_id,
@@ -193,7 +193,7 @@ class ToolCall:
             try:
                 await durably(handle.signal(RESOLVE_SIGNAL, res), m.cancel.by_worker)
                 await asyncio.sleep(0.5)
-                st = await handle.query(STATE_QUERY, result_type=ReconcileState)
+                st = await handle.query(RECONCILE_STATE_QUERY, result_type=ReconcileState)
             except RPCError as exc:
                 if exc.status != RPCStatusCode.NOT_FOUND:
                     m.log.info("tool.late_result_not_told", error=describe(exc))

@@ -7,10 +7,10 @@ CLI is a thin layer over them.
 """
 
 from exactcall.approvals._binding import (
+    APPROVALS_QUERY,
     DECIDE_SIGNAL,
     PENDING_ATTRIBUTE,
     PENDING_MEMO,
-    QUERY,
     REQUESTED_BY_MEMO,
     ApprovalDenied,
     ApprovalExpired,
@@ -35,10 +35,10 @@ from exactcall.approvals._client import (
 )
 
 __all__ = [
+    "APPROVALS_QUERY",
     "DECIDE_SIGNAL",
     "PENDING_ATTRIBUTE",
     "PENDING_MEMO",
-    "QUERY",
     "REQUESTED_BY_MEMO",
     "ApprovalDenied",
     "ApprovalExpired",

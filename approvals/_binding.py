@@ -27,17 +27,17 @@ from pydantic import BaseModel, ConfigDict
 from exactcall._canonical import canonical_json
 from exactcall._errors import ExactcallError, register_error
 from exactcall._model import FROZEN, ApprovalGrant, CallIdentity
-from exactcall._wire import APPROVALS_QUERY as QUERY
+from exactcall._wire import APPROVALS_QUERY
 from exactcall._wire import DECIDE_SIGNAL as DECIDE_SIGNAL
 from exactcall._wire import PENDING_ATTRIBUTE as PENDING_ATTRIBUTE
 from exactcall._wire import PENDING_MEMO as PENDING_MEMO
 from exactcall._wire import REQUESTED_BY_MEMO as REQUESTED_BY_MEMO
 
 __all__ = [
+    "APPROVALS_QUERY",
     "DECIDE_SIGNAL",
     "PENDING_ATTRIBUTE",
     "PENDING_MEMO",
-    "QUERY",
     "ApprovalBook",
     "ApprovalDenied",
     "ApprovalExpired",

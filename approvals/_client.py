@@ -23,10 +23,10 @@ from temporalio.converter import WorkflowSerializationContext
 from exactcall._canonical import args_hash
 from exactcall._confirm import confirm_by_query
 from exactcall.approvals._binding import (
+    APPROVALS_QUERY,
     DECIDE_SIGNAL,
     PENDING_ATTRIBUTE,
     PENDING_MEMO,
-    QUERY,
     ApprovalRequest,
     ApprovalsView,
     Decision,
@@ -91,9 +91,9 @@ async def _view(client: Client, workflow_id: str) -> ApprovalsView | None:
     """None: the workflow has made no exactcall call (exactcall adds its query then)."""
     handle = client.get_workflow_handle(workflow_id)
     try:
-        return await handle.query(QUERY, result_type=ApprovalsView)
+        return await handle.query(APPROVALS_QUERY, result_type=ApprovalsView)
     except WorkflowQueryFailedError as exc:
-        if f"Query handler for '{QUERY}' expected but not found" not in str(exc):
+        if f"Query handler for '{APPROVALS_QUERY}' expected but not found" not in str(exc):
             raise
         return None
 

@@ -24,16 +24,19 @@ from datetime import datetime
 from typing import Any
 
 from exactcall._model import Intent
-from exactcall._wire import RECONCILE_WORKFLOW, UNRESOLVED_ATTRIBUTE
-from exactcall._wire import RECORD_WORKFLOW as RECORD_TYPE
-from exactcall._wire import RUN_CLAIM_WORKFLOW as RUN_CLAIM_TYPE
+from exactcall._wire import (
+    RECONCILE_WORKFLOW,
+    RECORD_WORKFLOW,
+    RUN_CLAIM_WORKFLOW,
+    UNRESOLVED_ATTRIBUTE,
+)
 from exactcall.approvals._binding import PENDING_ATTRIBUTE, ApprovalRequest
 
 __all__ = [
     "DETAILS_LIMIT",
     "PENDING_MARK",
-    "RECORD_TYPE",
-    "RUN_CLAIM_TYPE",
+    "RECORD_WORKFLOW",
+    "RUN_CLAIM_WORKFLOW",
     "SAVED_VIEWS",
     "SUMMARY_LIMIT",
     "call_summary",
@@ -253,8 +256,8 @@ SAVED_VIEWS = {
     "Awaiting approval": f"{PENDING_ATTRIBUTE} = true AND ExecutionStatus = 'Running'",
     "Parked calls": f"{UNRESOLVED_ATTRIBUTE} = true AND ExecutionStatus = 'Running'",
     "My workflows": (
-        f"WorkflowType != '{RECORD_TYPE}' AND WorkflowType != '{RECONCILE_WORKFLOW}' "
-        f"AND WorkflowType != '{RUN_CLAIM_TYPE}'"
+        f"WorkflowType != '{RECORD_WORKFLOW}' AND WorkflowType != '{RECONCILE_WORKFLOW}' "
+        f"AND WorkflowType != '{RUN_CLAIM_WORKFLOW}'"
     ),
 }
 """Visibility queries for the Temporal UI's saved views: calls waiting for a person, calls

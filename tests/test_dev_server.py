@@ -1,5 +1,5 @@
-"""The embedded dev server (``exactcall.embedded._server.DevServer``): what it leaves behind, and what
-it says when it cannot start."""
+"""The embedded dev server (``exactcall.embedded._server.DevServer``): what it leaves behind,
+and what it says when it cannot start."""
 
 from __future__ import annotations
 

@@ -117,7 +117,6 @@ OUTER = (
     "exactcall.mcp",
     "exactcall.testing",
 )
-OUTER_PUBLIC = ("exactcall.adapters", "exactcall.langgraph", "exactcall.openai_agents")
 
 
 def _within(name: str, roots: tuple[str, ...]) -> bool:
@@ -126,13 +125,16 @@ def _within(name: str, roots: tuple[str, ...]) -> bool:
 
 def layer_breaks() -> list[tuple[str, str]]:
     mods = _modules()
-    outer = (*OUTER, *OUTER_PUBLIC, "exactcall.pydantic_ai")
+    graph = {name: _imports_at_load(name, path, mods) for name, path in mods.items()}
+    # an integration's public path (exactcall.langgraph, ...) re-exports exactcall.integrations
+    public = {
+        n
+        for n, deps in graph.items()
+        if n.count(".") == 1 and any(_within(d, ("exactcall.integrations",)) for d in deps)
+    }
+    outer = {n for n in graph if _within(n, OUTER) or n in public}
     return sorted(
-        (name, dep)
-        for name, path in mods.items()
-        if not _within(name, outer)
-        for dep in _imports_at_load(name, path, mods)
-        if _within(dep, outer)
+        (name, dep) for name, deps in graph.items() if name not in outer for dep in deps & outer
     )
 
 

@@ -20,13 +20,13 @@ from temporalio.client import Client as TemporalClient
 
 import exactcall
 from exactcall._canonical import derive_key
-from exactcall.embedded._shared import is_configured
 from exactcall._worker import Connection
 from exactcall.approvals import approve, list_pending
 from exactcall.cli._main import main as cli_main
 from exactcall.embedded._server import DevServer
+from exactcall.embedded._shared import is_configured
 from exactcall.mcp._proxy_policy import first_word
-from exactcall.mcp._proxy_workflow import PROXY_TOOL, proxy_tool
+from exactcall.mcp._proxy_workflow import MCP_PROXY_TOOL, proxy_tool
 from exactcall.mcp.proxy import derive_name
 from tests.mcp_proxy_client import (
     DEDUP,
@@ -70,7 +70,7 @@ async def test_identical_write_after_its_answer_runs_again(
     assert wid == f"exactcall-mcp-{name}-{h[:32]}" and step.startswith("append@")
     assert rows[1]["workflow_id"] == wid and rows[1]["step"] != step
     keys = p.keys("append")
-    assert keys[0] == derive_key("default", wid, step, PROXY_TOOL, "1") and len(set(keys)) == 2
+    assert keys[0] == derive_key("default", wid, step, MCP_PROXY_TOOL, "1") and len(set(keys)) == 2
 
 
 async def test_concurrent_identical_writes_from_two_proxies_run_once(
@@ -216,7 +216,7 @@ async def test_proxy_sigkilled_during_a_slow_write_is_not_resent(
         wid, step = found.groups()
         rows = await parked(client, wid)
         assert [(r.step, r.tool, r.args["tool"]) for r in rows] == [
-            (step, PROXY_TOOL, "slow_append")
+            (step, MCP_PROXY_TOOL, "slow_append")
         ]
         assert p2.count("slow_append") == 0  # not re-sent by the restarted proxy
         resolve = ["resolve", wid, step, "--not-landed", "--address", server.address, "--yes"]
@@ -224,7 +224,7 @@ async def test_proxy_sigkilled_during_a_slow_write_is_not_resent(
         settled = await p2.client.call_tool("slow_append", args)
     assert not settled.is_error and meta(settled)[DEDUP] is True
     assert p2.count("slow_append") == 1  # run once more, by the person's verdict, same key
-    assert p2.keys("slow_append") == [derive_key("default", wid, step, PROXY_TOOL, "1")]
+    assert p2.keys("slow_append") == [derive_key("default", wid, step, MCP_PROXY_TOOL, "1")]
     assert [r["outcome"] for r in p2.audit_rows()][-2:] == ["unknown", "deduplicated"]
 
 

@@ -25,14 +25,14 @@ from exactcall.embedded._server import DevServer
 from exactcall.evidence._audit import AuditFilter, audit_rows
 from exactcall.mcp._proxy_workflow import (
     LINGER,
-    NEXT_SIGNAL,
-    OWNED_WORKFLOW,
-    OWNER_ALIVE_SIGNAL,
+    MCP_PROXY_NEXT_SIGNAL,
+    MCP_PROXY_OWNED_WORKFLOW,
+    MCP_PROXY_OWNER_ALIVE_SIGNAL,
+    MCP_PROXY_OWNER_REPORT_SIGNAL,
+    MCP_PROXY_TOOL,
+    MCP_PROXY_WAIT_UPDATE,
     OWNER_DELAY,
     OWNER_LEASE,
-    OWNER_REPORT_SIGNAL,
-    PROXY_TOOL,
-    WAIT_UPDATE,
     ApprovedProxyCall,
     CallInput,
     Outcome,
@@ -88,7 +88,9 @@ async def test_a_write_is_sent_by_its_proxy_and_recorded_before_and_after(
         r = await p.client.call_tool("append", {"line": "own"})
         wid, step = await _audited(p)
         assert p.keys("append") == [owned_key("default", wid, step)]
-        assert (await client.get_workflow_handle(wid).describe()).workflow_type == OWNED_WORKFLOW
+        assert (
+            await client.get_workflow_handle(wid).describe()
+        ).workflow_type == MCP_PROXY_OWNED_WORKFLOW
         # the run ends after its start delay and the linger, on the proxy's worker
         done = await client.get_workflow_handle(wid, result_type=Outcome).result()
     assert not r.is_error and p.count("append") == 1
@@ -97,14 +99,14 @@ async def test_a_write_is_sent_by_its_proxy_and_recorded_before_and_after(
     events = await _events(client, wid)
     kinds = [e.WhichOneof("attributes") for e in events]
     assert not any("activity_task" in k for k in kinds)  # sent by the proxy, not an activity
-    assert _signals(events) == [OWNER_REPORT_SIGNAL]
+    assert _signals(events) == [MCP_PROXY_OWNER_REPORT_SIGNAL]
     # its start delay outlasts the linger: the whole run is one workflow task, no timer
     assert kinds.count("workflow_task_completed_event_attributes") == 1
     assert "timer_started_event_attributes" not in kinds
     # `exactcall audit` reads it from Temporal alone, as it reads a tool activity
     rows = [r async for r in audit_rows(client, AuditFilter(workflow=wid))]
     assert [(r["tool"], r["step"], r["outcome"], r["key"]) for r in rows] == [
-        (PROXY_TOOL, step, "done", owned_key("default", wid, step))
+        (MCP_PROXY_TOOL, step, "done", owned_key("default", wid, step))
     ]
     assert rows[0]["args"]["tool"] == "append" and rows[0]["args"]["arguments"] == {"line": "own"}
 
@@ -124,8 +126,8 @@ async def test_a_write_longer_than_the_lease_is_kept_alive_and_done(
     assert done.kind == "done"
     events = await _events(client, wid)
     names = _signals(events)
-    assert names.count(OWNER_ALIVE_SIGNAL) >= int(seconds) - 1
-    assert names[-1] == OWNER_REPORT_SIGNAL
+    assert names.count(MCP_PROXY_OWNER_ALIVE_SIGNAL) >= int(seconds) - 1
+    assert names[-1] == MCP_PROXY_OWNER_REPORT_SIGNAL
     assert not any(
         e.HasField("start_child_workflow_execution_initiated_event_attributes") for e in events
     )
@@ -187,14 +189,18 @@ async def test_a_copy_sent_before_the_answer_was_delivered_is_a_retry_wherever_i
             if await _delivered(handle):
                 break
             await asyncio.sleep(0.05)
-        late = await handle.execute_update(WAIT_UPDATE, wait("late", before), result_type=Outcome)
+        late = await handle.execute_update(
+            MCP_PROXY_WAIT_UPDATE, wait("late", before), result_type=Outcome
+        )
         assert late.kind == "done" and late.deduplicated and late.repeat == "running"
         assert late.result is not None and late.step == row["step"] and not first.is_error
         with pytest.raises(WorkflowUpdateFailedError) as refused:
-            await handle.execute_update(WAIT_UPDATE, wait("new", after), result_type=Outcome)
+            await handle.execute_update(
+                MCP_PROXY_WAIT_UPDATE, wait("new", after), result_type=Outcome
+            )
         assert getattr(refused.value.cause, "type", None) == "Delivered"
         asked = time.monotonic()
-        await handle.signal(NEXT_SIGNAL)
+        await handle.signal(MCP_PROXY_NEXT_SIGNAL)
         assert (await handle.result()).kind == "done"
         assert time.monotonic() - asked < LINGER.total_seconds()  # ended for the new call
         again = await p.client.call_tool("append", {"line": "late"})  # a new call: it runs
@@ -228,11 +234,14 @@ async def test_a_copy_that_comes_before_the_report_is_told_by_when_it_was_sent(
         delivered = copy_sent - 1 if sent == "after" else copy_sent + 1
         copy = Wait(caller="copy", args_hash="a" * 64, timeout_seconds=20, sent_at=copy_sent)
         waiting = await handle.start_update(
-            WAIT_UPDATE, copy, wait_for_stage=WorkflowUpdateStage.ACCEPTED, result_type=Outcome
+            MCP_PROXY_WAIT_UPDATE,
+            copy,
+            wait_for_stage=WorkflowUpdateStage.ACCEPTED,
+            result_type=Outcome,
         )
         result = {"content": [{"type": "text", "text": "appended"}], "isError": False}
         report = Report(kind="done", result=result, delivered_at=delivered, delivered_after=0.01)
-        await handle.signal(OWNER_REPORT_SIGNAL, report)
+        await handle.signal(MCP_PROXY_OWNER_REPORT_SIGNAL, report)
         if sent == "after":
             with pytest.raises(WorkflowUpdateFailedError) as refused:
                 await waiting.result()
@@ -241,7 +250,7 @@ async def test_a_copy_that_comes_before_the_report_is_told_by_when_it_was_sent(
             got = await waiting.result()
             assert got.kind == "done" and got.deduplicated and got.repeat == "running"
             assert got.result == result
-        await handle.signal(NEXT_SIGNAL)  # what the refused copy's proxy sends: it ends
+        await handle.signal(MCP_PROXY_NEXT_SIGNAL)  # what the refused copy's proxy sends: it ends
         assert (await handle.result()).kind == "done"
 
 
@@ -421,6 +430,6 @@ async def test_the_audit_reads_a_call_the_proxy_sent_itself(
     wid = history["events"][0]["workflowExecutionStartedEventAttributes"]["workflowId"]
     calls = await calls_in_history(WorkflowHistory.from_json(wid, history), DataConverter.default)
     [call] = calls
-    assert (call.tool, call.outcome, call.verdict) == (PROXY_TOOL, outcome, verdict)
+    assert (call.tool, call.outcome, call.verdict) == (MCP_PROXY_TOOL, outcome, verdict)
     assert call.key == owned_key("default", wid, call.step) and call.args["tool"] == "slow_append"
     assert call.ended_at is not None and call.time <= call.ended_at

@@ -23,7 +23,7 @@ from mcp.client.stdio import stdio_client
 from exactcall._canonical import derive_key
 from exactcall.cli._main import main as cli_main
 from exactcall.embedded._server import DevServer
-from exactcall.mcp._proxy_workflow import PROXY_TOOL
+from exactcall.mcp._proxy_workflow import MCP_PROXY_TOOL
 from tests.mcp_proxy_client import (
     DEDUP,
     OUTCOME,
@@ -130,9 +130,9 @@ async def test_a_killed_proxys_call_is_listed_and_settled_with_no_proxy_running(
         listed = await asyncio.to_thread(_exactcall, home, *stale)
         assert listed.returncode == 0, listed.stderr
         rows = [r for r in json.loads(listed.stdout) if r["kind"] == "unknown_outcome"]
-        assert [(r["tool"], r["args"]["tool"]) for r in rows] == [(PROXY_TOOL, "slow_append")], (
-            listed.stderr
-        )
+        assert [(r["tool"], r["args"]["tool"]) for r in rows] == [
+            (MCP_PROXY_TOOL, "slow_append")
+        ], listed.stderr
         wid, step = rows[0]["workflow_id"], rows[0]["step"]
         assert "embedded server" in listed.stderr
         assert not alive(json.loads(info.read_text())["pid"])  # stopped with the command
@@ -161,7 +161,7 @@ async def test_a_killed_proxys_call_is_listed_and_settled_with_no_proxy_running(
         assert p2.count("slow_append") == 0  # the person said it landed: never sent again
     else:
         assert p2.count("slow_append") == 1 and "slow_append k " in text(again)
-        assert p2.keys("slow_append") == [derive_key("default", wid, step, PROXY_TOOL, "1")]
+        assert p2.keys("slow_append") == [derive_key("default", wid, step, MCP_PROXY_TOOL, "1")]
 
 
 @pytest.mark.crash

@@ -24,7 +24,7 @@ from temporalio.worker import Worker
 import exactcall
 from exactcall import approvals, reconciliation
 from exactcall._model import RecordInit
-from exactcall._ui import RECORD_TYPE, RUN_CLAIM_TYPE, SAVED_VIEWS
+from exactcall._ui import RUN_CLAIM_WORKFLOW, SAVED_VIEWS
 from exactcall._worker import build_worker
 from exactcall.activities import _runs
 from exactcall.demo.bank import Bank
@@ -140,7 +140,7 @@ async def test_a_run_claims_summary_names_the_workflow_and_its_run(
     h = await start_agent(client, tq, plan(step("pay", bank.url, 7, who)))
     await h.result()
     desc = await client.get_workflow_handle(_runs.run_claim_id(h.id)).describe()
-    assert desc.workflow_type == RUN_CLAIM_TYPE
+    assert desc.workflow_type == RUN_CLAIM_WORKFLOW
     assert await desc.static_summary() == f"run claim of workflow {h.id}: run {h.result_run_id}"
 
 
@@ -153,7 +153,7 @@ async def test_a_records_summary_names_the_call_and_its_input_is_the_intent(
     key = exactcall.derive_key("default", h.id, "pay#1", "pay", "1")
     desc = await client.get_workflow_handle(record_id(key)).describe()
     args_hash = exactcall.intent_hash("pay", bank.url, 7, who)
-    assert desc.workflow_type == RECORD_WORKFLOW == RECORD_TYPE
+    assert desc.workflow_type == RECORD_WORKFLOW == RECORD_WORKFLOW
     assert await desc.static_summary() == f"pay pay#1 of workflow {h.id}, args {args_hash[:8]}…"
     assert await desc.static_details() is None  # no copy of the intent: it is the input
     first = await anext(aiter(client.get_workflow_handle(record_id(key)).fetch_history_events()))

@@ -5,8 +5,8 @@ from exactcall.workflows._reconciliation import PROBE_PREFIX, Reconcile, probe_a
 from exactcall.workflows._record import (
     MARK_RECORD,
     MARK_SIGNAL,
+    RECORD_STATE_QUERY,
     RECORD_WORKFLOW,
-    STATE_QUERY,
     CallRecord,
     record_id,
 )
@@ -16,8 +16,8 @@ __all__ = [
     "MARK_RECORD",
     "MARK_SIGNAL",
     "PROBE_PREFIX",
+    "RECORD_STATE_QUERY",
     "RECORD_WORKFLOW",
-    "STATE_QUERY",
     "BudgetLedger",
     "CallRecord",
     "Reconcile",

@@ -33,10 +33,10 @@ from exactcall._wire import TELLS_THE_CALL as TELLS_THE_CALL
 from exactcall._wire import probe_activity_name as probe_activity_name
 from exactcall.reconciliation._verdicts import (
     JOINED_SIGNAL,
+    RECONCILE_STATE_QUERY,
     RECONCILE_WORKFLOW,
     RESOLVE_SIGNAL,
     SETTLED_SIGNAL,
-    STATE_QUERY,
     UNRESOLVED_ATTRIBUTE,
     UNRESOLVED_MEMO,
     VERDICT_MEMO,
@@ -271,7 +271,7 @@ class Reconcile:
             marked=True,
         )
 
-    @workflow.query(name=STATE_QUERY)
+    @workflow.query(name=RECONCILE_STATE_QUERY)
     def state(self) -> ReconcileState:
         return ReconcileState(
             phase="settled" if self._settled else self._phase,  # type: ignore[arg-type]

@@ -20,15 +20,15 @@ from temporalio.exceptions import ApplicationError
 from exactcall._model import RecordEvent, RecordInit, RecordState
 from exactcall._wire import MARK_RECORD as MARK_RECORD
 from exactcall._wire import MARK_SIGNAL as MARK_SIGNAL
-from exactcall._wire import RECORD_STATE_QUERY as STATE_QUERY
+from exactcall._wire import RECORD_STATE_QUERY
 from exactcall._wire import RECORD_WORKFLOW as RECORD_WORKFLOW
 from exactcall._wire import record_id as record_id
 
 __all__ = [
     "MARK_RECORD",
     "MARK_SIGNAL",
+    "RECORD_STATE_QUERY",
     "RECORD_WORKFLOW",
-    "STATE_QUERY",
     "CallRecord",
     "mark_from_workflow",
     "record_id",
@@ -70,6 +70,6 @@ class CallRecord:
         else:
             self._state = self._state.apply(ev)
 
-    @workflow.query(name=STATE_QUERY)
+    @workflow.query(name=RECORD_STATE_QUERY)
     def state(self) -> RecordState | None:
         return self._state

@@ -37,10 +37,10 @@ from exactcall._wire import READ_HEADER
 from exactcall._wire import SEARCH_ATTRIBUTES_OFF_PATCH as SEARCH_ATTRIBUTES_OFF_PATCH
 from exactcall._wire import SEARCH_ATTRIBUTES_ON_PATCH as SEARCH_ATTRIBUTES_ON_PATCH
 from exactcall.approvals._binding import (
+    APPROVALS_QUERY,
     DECIDE_SIGNAL,
     PENDING_ATTRIBUTE,
     PENDING_MEMO,
-    QUERY,
     ApprovalBook,
     ApprovalsView,
     Decision,
@@ -53,6 +53,7 @@ __all__ = [
     "SCHEDULING_A_READ",
     "SEARCH_ATTRIBUTES_OFF_PATCH",
     "SEARCH_ATTRIBUTES_ON_PATCH",
+    "FailTheRun",
     "Flight",
     "WorkflowConfig",
     "WorkflowState",
@@ -262,8 +263,19 @@ def _install(config: WorkflowConfig) -> WorkflowState:
         return st.book.view()
 
     workflow.set_signal_handler(DECIDE_SIGNAL, on_decide)
-    workflow.set_query_handler(QUERY, on_query)
+    workflow.set_query_handler(APPROVALS_QUERY, on_query)
     return st
+
+
+class FailTheRun(BaseException):
+    """An exactcall error that must fail the run, carried past a framework that hands every
+    ``Exception`` a tool raises to the model (Google GenAI's automatic function calling,
+    Strands): the plugin's workflow interceptor raises ``error`` itself where the run's code
+    ends (see ``exactcall.adapters``)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.error = error
 
 
 class _Inbound(WorkflowInboundInterceptor):
@@ -286,6 +298,9 @@ class _Inbound(WorkflowInboundInterceptor):
         self._enter()  # in the main task's own context
         try:
             result = await super().execute_workflow(input)
+        except FailTheRun as carried:  # an adapter's error the framework would have hidden
+            await self._send_spends()
+            raise carried.error from None
         except BaseException as err:
             # a workflow that ends cancelled cancels the calls it still has in flight (in
             # tasks of its own, which its cancellation did not reach) and waits for them

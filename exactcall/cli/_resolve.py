@@ -13,7 +13,7 @@ from typing import Any
 from temporalio.client import Client
 
 from exactcall._confirm import confirm_at_terminal
-from exactcall._wire import MCP_PROXY_TOOL as PROXY_TOOL
+from exactcall._wire import MCP_PROXY_TOOL
 from exactcall.approvals._cli import EXIT_OK, EXIT_QUEUED, EXIT_REFUSED, EXIT_USAGE
 from exactcall.reconciliation import (
     UnresolvedCall,
@@ -179,7 +179,7 @@ async def _resolve(ns: argparse.Namespace, client: Client) -> int:
     )
     if res.accepted:
         print(f"{verdict} by {res.resolution.by}: accepted")
-        if verdict == "not_landed" and row.tool == PROXY_TOOL:
+        if verdict == "not_landed" and row.tool == MCP_PROXY_TOOL:
             print(
                 "    a proxy of that name sends it once more, with the same key (the next one "
                 "to start, if none runs now)"

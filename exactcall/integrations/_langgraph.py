@@ -43,7 +43,7 @@ from pydantic_core import to_jsonable_python
 from temporalio import workflow
 
 from exactcall._wire import LANGGRAPH_APPROVAL_INTERRUPT as APPROVAL_INTERRUPT
-from exactcall._wire import LANGGRAPH_CALL_ID_FIELD as _CALL_ID_FIELD
+from exactcall._wire import LANGGRAPH_CALL_ID_FIELD
 
 try:
     from langchain_core.messages import AIMessage, ToolMessage, convert_to_messages
@@ -224,7 +224,7 @@ class ExactcallTool(BaseTool):
         )
 
     async def _arun(self, **kwargs: Any) -> Any:
-        tool_call_id = kwargs.pop(_CALL_ID_FIELD, None)
+        tool_call_id = kwargs.pop(LANGGRAPH_CALL_ID_FIELD, None)
         if not workflow.in_workflow():
             self._run()
         content, _fields, ok = await run_call(
@@ -268,7 +268,7 @@ def _schema(t: Tool) -> type[pydantic.BaseModel]:
             continue
         default = ... if p.default is p.empty else p.default
         fields[name] = (p.annotation, default)
-    fields[_CALL_ID_FIELD] = (Annotated[str, InjectedToolCallId], ...)
+    fields[LANGGRAPH_CALL_ID_FIELD] = (Annotated[str, InjectedToolCallId], ...)
     return pydantic.create_model(f"{t.name}_args", **fields)
 
 

@@ -45,19 +45,19 @@ from exactcall.mcp._proxy_policy import duration_text
 from exactcall.mcp._proxy_results import clock as _clock
 from exactcall.mcp._proxy_results import tool_error
 from exactcall.mcp._proxy_workflow import (
-    APPROVED_WORKFLOW,
     DELIVERED_AT,
-    DELIVERED_SIGNAL,
-    NEXT_SIGNAL,
-    OWNED_WORKFLOW,
-    OWNER_ALIVE_SIGNAL,
+    MCP_PROXY_APPROVED_WORKFLOW,
+    MCP_PROXY_DELIVERED_SIGNAL,
+    MCP_PROXY_NEXT_SIGNAL,
+    MCP_PROXY_OWNED_WORKFLOW,
+    MCP_PROXY_OWNER_ALIVE_SIGNAL,
+    MCP_PROXY_OWNER_REPORT_SIGNAL,
+    MCP_PROXY_OWNER_REPORT_UPDATE,
+    MCP_PROXY_OWNER_WITHDRAW_UPDATE,
+    MCP_PROXY_WAIT_UPDATE,
+    MCP_PROXY_WITHDRAW_SIGNAL,
+    MCP_PROXY_WORKFLOW,
     OWNER_DELAY,
-    OWNER_REPORT_SIGNAL,
-    OWNER_REPORT_UPDATE,
-    OWNER_WITHDRAW_UPDATE,
-    WAIT_UPDATE,
-    WITHDRAW_SIGNAL,
-    WORKFLOW,
     CallInput,
     Mode,
     Outcome,
@@ -296,7 +296,7 @@ class Caller:
                 handle = client.get_workflow_handle(workflow_id)
                 # one string argument: a worker of an older proxy (one argument, which it
                 # ignores) takes it as well
-                await handle.signal(DELIVERED_SIGNAL, f"{caller}{DELIVERED_AT}{at!r}")
+                await handle.signal(MCP_PROXY_DELIVERED_SIGNAL, f"{caller}{DELIVERED_AT}{at!r}")
 
         def after(ok: bool) -> None:
             if ok:
@@ -327,7 +327,9 @@ class Caller:
                 sending.cancel()
             return
         with contextlib.suppress(Exception):
-            await client.get_workflow_handle(call.workflow_id).signal(WITHDRAW_SIGNAL, call.caller)
+            await client.get_workflow_handle(call.workflow_id).signal(
+                MCP_PROXY_WITHDRAW_SIGNAL, call.caller
+            )
 
     def _keep_meta(self, wid: str, call: Call) -> None:
         drop = ("progressToken", CLIENT_KEY_META)
@@ -340,7 +342,7 @@ class Caller:
 
     def _start(self, call: Call, inp: CallInput, wid: str, reuse: WorkflowIDReusePolicy) -> Any:
         return WithStartWorkflowOperation(
-            APPROVED_WORKFLOW if call.approval else WORKFLOW,
+            MCP_PROXY_APPROVED_WORKFLOW if call.approval else MCP_PROXY_WORKFLOW,
             inp,
             id=wid,
             task_queue=self.task_queue,
@@ -368,7 +370,7 @@ class Caller:
             if own:  # this proxy sends it, if no run holds the identity
                 try:
                     await client.start_workflow(
-                        OWNED_WORKFLOW,
+                        MCP_PROXY_OWNED_WORKFLOW,
                         inp,
                         id=wid,
                         task_queue=self.task_queue,
@@ -384,7 +386,7 @@ class Caller:
                     return await self._own(client, call, inp, wid, time.monotonic())
             try:
                 handle = await client.start_update_with_start_workflow(
-                    WAIT_UPDATE,
+                    MCP_PROXY_WAIT_UPDATE,
                     first,
                     start_workflow_operation=self._start(call, inp, wid, reuse),
                     wait_for_stage=WorkflowUpdateStage.ACCEPTED,
@@ -404,7 +406,7 @@ class Caller:
                     if not asked_next:  # a delivered run lingers for earlier copies: end it
                         asked_next = True
                         with contextlib.suppress(Exception):
-                            await client.get_workflow_handle(wid).signal(NEXT_SIGNAL)
+                            await client.get_workflow_handle(wid).signal(MCP_PROXY_NEXT_SIGNAL)
                     await asyncio.sleep(min(0.005 * (attempt + 1), 0.1))  # that run is ending
                     continue
                 ended += 1
@@ -435,7 +437,7 @@ class Caller:
             while not sending.done():
                 await asyncio.wait({sending}, timeout=KEEPALIVE)
                 if not sending.done():
-                    alive = handle.signal(OWNER_ALIVE_SIGNAL)
+                    alive = handle.signal(MCP_PROXY_OWNER_ALIVE_SIGNAL)
                     alives.append(self._later(asyncio.wait_for(alive, REPORT_RPC_TIMEOUT)))
         except asyncio.CancelledError:  # this proxy stops: report it if it ends in time
             sending.add_done_callback(
@@ -448,7 +450,7 @@ class Caller:
         outcome = self._owned_outcome(inp, wid, report, key)
         if report.kind == "unknown":  # answered once its reconciliation has started
             try:
-                await handle.execute_update(OWNER_REPORT_UPDATE, report, result_type=bool)
+                await handle.execute_update(MCP_PROXY_OWNER_REPORT_UPDATE, report, result_type=bool)
             except (WorkflowUpdateFailedError, RPCError) as err:
                 log.warning("mcp_proxy.report_lost", workflow_id=wid, error=str(err))
             return outcome
@@ -479,7 +481,9 @@ class Caller:
         """Whether the owner's cancelled call may be cancelled: no other caller waits."""
         handle = client.get_workflow_handle(wid)
         try:
-            return bool(await handle.execute_update(OWNER_WITHDRAW_UPDATE, result_type=bool))
+            return bool(
+                await handle.execute_update(MCP_PROXY_OWNER_WITHDRAW_UPDATE, result_type=bool)
+            )
         except Exception:  # ended, or unreachable: it goes on
             return False
 
@@ -538,7 +542,7 @@ class Caller:
                 client = await asyncio.wait_for(self.get_client(), REPORT_RPC_TIMEOUT)
                 handle = client.get_workflow_handle(wid)
                 await asyncio.wait_for(
-                    handle.signal(OWNER_REPORT_SIGNAL, report), REPORT_RPC_TIMEOUT
+                    handle.signal(MCP_PROXY_OWNER_REPORT_SIGNAL, report), REPORT_RPC_TIMEOUT
                 )
                 return
             except Exception as err:  # unreachable, or the server is being replaced
@@ -597,7 +601,7 @@ class Caller:
             elif outcome.kind != "pending":
                 return outcome
             try:
-                outcome = await handle.execute_update(WAIT_UPDATE, w, result_type=Outcome)
+                outcome = await handle.execute_update(MCP_PROXY_WAIT_UPDATE, w, result_type=Outcome)
             except (WorkflowUpdateFailedError, RPCError):  # it ended meanwhile: its result
                 return await self._final(handle)
 

@@ -27,7 +27,7 @@ from typing import Any
 import httpx2
 import structlog
 
-from exactcall.mcp._proxy_stdio import ID_PREFIX, NOT_SENT_DATA, Upstream, encode, parse
+from exactcall.mcp._proxy_stdio import MCP_PROXY_ID_PREFIX, NOT_SENT_DATA, Upstream, encode, parse
 
 __all__ = ["HttpUpstream"]
 
@@ -182,7 +182,7 @@ class HttpUpstream(Upstream):
             self._renewals += 1
             init = {
                 "jsonrpc": "2.0",
-                "id": f"{ID_PREFIX}renew-{self._renewals}",
+                "id": f"{MCP_PROXY_ID_PREFIX}renew-{self._renewals}",
                 "method": "initialize",
                 "params": self._init,
             }

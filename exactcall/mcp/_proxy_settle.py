@@ -32,6 +32,10 @@ from typing import Any
 
 from temporalio.client import Client
 
+from exactcall._plugin import Plugin
+from exactcall._wire import RECONCILE_WORKFLOW, UNRESOLVED_ATTRIBUTE
+from exactcall._worker import Connection, build_worker, connect
+from exactcall.embedded._server import port_open
 from exactcall.embedded._shared import (
     Embedded,
     embedded_paths,
@@ -40,21 +44,17 @@ from exactcall.embedded._shared import (
 )
 from exactcall.embedded._shared import host_port as _host_port
 from exactcall.embedded._shared import read_info as _read_info
-from exactcall._plugin import Plugin
-from exactcall._wire import RECONCILE_WORKFLOW, UNRESOLVED_ATTRIBUTE
-from exactcall._worker import Connection, build_worker, connect
-from exactcall.embedded._server import port_open
 from exactcall.mcp._proxy_workflow import (
-    APPROVED_WORKFLOW,
-    OWNED_WORKFLOW,
-    WORKFLOW,
+    MCP_PROXY_APPROVED_WORKFLOW,
+    MCP_PROXY_OWNED_WORKFLOW,
+    MCP_PROXY_WORKFLOW,
     ApprovedProxyCall,
     OwnedProxyCall,
     ProxyCall,
     proxy_tool,
 )
 from exactcall.mcp._proxy_workflow import (
-    OWNER_REPORT_SIGNAL as REPORTED,
+    MCP_PROXY_OWNER_REPORT_SIGNAL as REPORTED,
 )
 from exactcall.reconciliation import list_unresolved
 
@@ -103,7 +103,7 @@ async def embedded_for_cli(
     return Connection(address=embedded.address, namespace=conn.namespace), embedded
 
 
-PROXY_TYPES = (WORKFLOW, APPROVED_WORKFLOW, OWNED_WORKFLOW)
+PROXY_TYPES = (MCP_PROXY_WORKFLOW, MCP_PROXY_APPROVED_WORKFLOW, MCP_PROXY_OWNED_WORKFLOW)
 QUIET = timedelta(seconds=1.5)
 """An owned call's proxy sends a keepalive every second while it lives."""
 CATCH_UP = 15.0
@@ -153,7 +153,7 @@ async def _caught_up(client: Client, queues: list[str]) -> None:
             busy = busy or desc.raw_description.HasField("pending_workflow_task")
             if wf.workflow_type == RECONCILE_WORKFLOW and _unresolved(desc):
                 parked.add(wf.id)
-            elif wf.workflow_type == OWNED_WORKFLOW and not busy:
+            elif wf.workflow_type == MCP_PROXY_OWNED_WORKFLOW and not busy:
                 busy = await _owner_gone_quiet(handle)
         if not busy:
             break

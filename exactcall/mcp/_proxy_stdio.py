@@ -5,8 +5,8 @@ are forwarded as the bytes they are (never re-encoded), so batches, lines that a
 and fields this code does not know pass through untouched. Only two things are added to the
 streams: the proxy's own answers to the client (for the write calls it takes over, and
 progress notifications) and the proxy's own requests to the upstream (``tools/call`` of those
-writes, ``tools/list``), whose ids start with :data:`ID_PREFIX` and whose responses are kept
-from the client.
+writes, ``tools/list``), whose ids start with :data:`MCP_PROXY_ID_PREFIX` and whose responses
+are kept from the client.
 
 Nothing but JSON-RPC is written to the client: :func:`claim_stdio` moves the real stdout to a
 private descriptor and points fd 1 at stderr, so a stray ``print`` cannot corrupt the stream.
@@ -26,10 +26,10 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Protocol
 
-from exactcall._wire import MCP_PROXY_ID_PREFIX as ID_PREFIX
+from exactcall._wire import MCP_PROXY_ID_PREFIX
 
 __all__ = [
-    "ID_PREFIX",
+    "MCP_PROXY_ID_PREFIX",
     "ClientSide",
     "ClientStdio",
     "Upstream",
@@ -224,7 +224,7 @@ class Upstream:
         self.ready = asyncio.Event()
         self.gone = asyncio.Event()
         self._ids = itertools.count(1)
-        self._prefix = f"{ID_PREFIX}{uuid.uuid4().hex[:8]}-"
+        self._prefix = f"{MCP_PROXY_ID_PREFIX}{uuid.uuid4().hex[:8]}-"
         self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._lock = asyncio.Lock()
 

@@ -29,12 +29,12 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
-from exactcall.embedded._shared import Embedded, cli_flags, host_port, is_configured, start_embedded
 from exactcall._plugin import Plugin
 from exactcall._worker import Connection, build_worker, connect
 from exactcall.embedded._server import port_open, state_dir
+from exactcall.embedded._shared import Embedded, cli_flags, host_port, is_configured, start_embedded
 from exactcall.mcp._proxy_workflow import (
-    AWAIT_SETTLED,
+    MCP_PROXY_AWAIT_SETTLED,
     ApprovedProxyCall,
     OwnedProxyCall,
     ProxyCall,
@@ -56,7 +56,7 @@ def task_queue(name: str) -> str:
     return f"exactcall-mcp-{name}"
 
 
-@activity.defn(name=AWAIT_SETTLED)
+@activity.defn(name=MCP_PROXY_AWAIT_SETTLED)
 async def await_settled(reconcile_workflow_id: str) -> Settled:
     """The verdict of a reconciliation, for a call workflow waiting on it. Heartbeats often
     and gives up on worker shutdown, so a proxy that goes away hands it over at once."""

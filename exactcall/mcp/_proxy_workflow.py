@@ -67,22 +67,24 @@ from exactcall._errors import (
     ToolFailed,
 )
 from exactcall._model import FROZEN, Intent
-from exactcall._wire import MCP_PROXY_APPROVAL_SEEN as APPROVAL_SEEN
-from exactcall._wire import MCP_PROXY_APPROVED_WORKFLOW as APPROVED_WORKFLOW
-from exactcall._wire import MCP_PROXY_AWAIT_SETTLED as AWAIT_SETTLED
-from exactcall._wire import MCP_PROXY_DELIVERED_SIGNAL as DELIVERED_SIGNAL
-from exactcall._wire import MCP_PROXY_LINGERS as LINGERS
-from exactcall._wire import MCP_PROXY_NEXT_SIGNAL as NEXT_SIGNAL
-from exactcall._wire import MCP_PROXY_OWNED_WORKFLOW as OWNED_WORKFLOW
-from exactcall._wire import MCP_PROXY_OWNER_ALIVE_SIGNAL as OWNER_ALIVE_SIGNAL
-from exactcall._wire import MCP_PROXY_OWNER_REPORT_SIGNAL as OWNER_REPORT_SIGNAL
-from exactcall._wire import MCP_PROXY_OWNER_REPORT_UPDATE as OWNER_REPORT_UPDATE
-from exactcall._wire import MCP_PROXY_OWNER_WITHDRAW_UPDATE as OWNER_WITHDRAW_UPDATE
-from exactcall._wire import MCP_PROXY_TOOL as PROXY_TOOL
-from exactcall._wire import MCP_PROXY_TOOL_VERSION as PROXY_TOOL_VERSION
-from exactcall._wire import MCP_PROXY_WAIT_UPDATE as WAIT_UPDATE
-from exactcall._wire import MCP_PROXY_WITHDRAW_SIGNAL as WITHDRAW_SIGNAL
-from exactcall._wire import MCP_PROXY_WORKFLOW as WORKFLOW
+from exactcall._wire import (
+    MCP_PROXY_APPROVAL_SEEN,
+    MCP_PROXY_APPROVED_WORKFLOW,
+    MCP_PROXY_AWAIT_SETTLED,
+    MCP_PROXY_DELIVERED_SIGNAL,
+    MCP_PROXY_LINGERS,
+    MCP_PROXY_NEXT_SIGNAL,
+    MCP_PROXY_OWNED_WORKFLOW,
+    MCP_PROXY_OWNER_ALIVE_SIGNAL,
+    MCP_PROXY_OWNER_REPORT_SIGNAL,
+    MCP_PROXY_OWNER_REPORT_UPDATE,
+    MCP_PROXY_OWNER_WITHDRAW_UPDATE,
+    MCP_PROXY_TOOL,
+    MCP_PROXY_TOOL_VERSION,
+    MCP_PROXY_WAIT_UPDATE,
+    MCP_PROXY_WITHDRAW_SIGNAL,
+    MCP_PROXY_WORKFLOW,
+)
 from exactcall.mcp._proxy_results import as_result
 from exactcall.reconciliation._verdicts import CallAbandoned, Settled, reconcile_id
 from exactcall.workflows._call import intent_of
@@ -90,23 +92,23 @@ from exactcall.workflows._state import state
 from exactcall.workflows._unknown import start_reconciliation
 
 __all__ = [
-    "APPROVED_WORKFLOW",
-    "AWAIT_SETTLED",
     "DELIVERED_AT",
-    "DELIVERED_SIGNAL",
     "LINGER",
-    "NEXT_SIGNAL",
-    "OWNED_WORKFLOW",
-    "OWNER_ALIVE_SIGNAL",
+    "MCP_PROXY_APPROVED_WORKFLOW",
+    "MCP_PROXY_AWAIT_SETTLED",
+    "MCP_PROXY_DELIVERED_SIGNAL",
+    "MCP_PROXY_NEXT_SIGNAL",
+    "MCP_PROXY_OWNED_WORKFLOW",
+    "MCP_PROXY_OWNER_ALIVE_SIGNAL",
+    "MCP_PROXY_OWNER_REPORT_SIGNAL",
+    "MCP_PROXY_OWNER_REPORT_UPDATE",
+    "MCP_PROXY_OWNER_WITHDRAW_UPDATE",
+    "MCP_PROXY_TOOL",
+    "MCP_PROXY_WAIT_UPDATE",
+    "MCP_PROXY_WITHDRAW_SIGNAL",
+    "MCP_PROXY_WORKFLOW",
     "OWNER_DELAY",
     "OWNER_LEASE",
-    "OWNER_REPORT_SIGNAL",
-    "OWNER_REPORT_UPDATE",
-    "OWNER_WITHDRAW_UPDATE",
-    "PROXY_TOOL",
-    "WAIT_UPDATE",
-    "WITHDRAW_SIGNAL",
-    "WORKFLOW",
     "ApprovedProxyCall",
     "CallInput",
     "Outcome",
@@ -238,12 +240,12 @@ def bind_executor(execute: Any) -> None:
 
 def _approval_needed(intent: Any) -> bool:
     # pure on the intent (it also runs in the activity): the workflow type says it
-    return bool(intent.workflow_type == APPROVED_WORKFLOW)
+    return bool(intent.workflow_type == MCP_PROXY_APPROVED_WORKFLOW)
 
 
 @exactcall.tool(
-    name=PROXY_TOOL,
-    version=PROXY_TOOL_VERSION,
+    name=MCP_PROXY_TOOL,
+    version=MCP_PROXY_TOOL_VERSION,
     approval=_approval_needed,
     heartbeat_timeout=timedelta(seconds=2),
     retry_policy=RetryPolicy(maximum_attempts=1),  # "did not happen" goes back to the client
@@ -265,7 +267,7 @@ async def proxy_tool(
 
 
 # -- the workflow ---------------------------------------------------------------------------
-@workflow.defn(name=WORKFLOW)
+@workflow.defn(name=MCP_PROXY_WORKFLOW)
 class ProxyCall:
     """One write call of one MCP server, forwarded once."""
 
@@ -318,7 +320,7 @@ class ProxyCall:
         return outcome
 
     def _asks_lingers(self) -> bool:
-        return workflow.patched(LINGERS)
+        return workflow.patched(MCP_PROXY_LINGERS)
 
     def _linger_left(self) -> timedelta:
         return LINGER
@@ -329,7 +331,7 @@ class ProxyCall:
         inp = self._inp
         return inp.mode or ("key" if inp.window_seconds is None else "window")
 
-    @workflow.update(name=WAIT_UPDATE)
+    @workflow.update(name=MCP_PROXY_WAIT_UPDATE)
     async def wait(self, w: Wait) -> Outcome:
         if w.caller not in self._callers:
             self._callers.add(w.caller)
@@ -394,7 +396,7 @@ class ProxyCall:
             and w.sent_at < at
         )
 
-    @workflow.signal(name=DELIVERED_SIGNAL)
+    @workflow.signal(name=MCP_PROXY_DELIVERED_SIGNAL)
     def delivered(self, caller: str) -> None:
         """A proxy wrote this call's final answer to its client; ``caller`` ends with
         ``DELIVERED_AT`` and when it was queued (its clock), from proxies that send it."""
@@ -405,13 +407,13 @@ class ProxyCall:
             if at is not None and (self._delivered_at is None or at < self._delivered_at):
                 self._delivered_at = at
 
-    @workflow.signal(name=NEXT_SIGNAL)
+    @workflow.signal(name=MCP_PROXY_NEXT_SIGNAL)
     def next_call(self) -> None:
         """An identical call sent after the answer was delivered waits for a new run."""
         if self._delivered:
             self._next = True
 
-    @workflow.signal(name=WITHDRAW_SIGNAL)
+    @workflow.signal(name=MCP_PROXY_WITHDRAW_SIGNAL)
     def withdraw(self, caller: str) -> None:
         """A client cancelled its request; the call is cancelled once no caller waits."""
         self._withdrawn.add(caller)
@@ -430,7 +432,7 @@ class ProxyCall:
         }
         try:
             result = await exactcall.call_with(
-                PROXY_TOOL, kwargs=kwargs, key=inp.step, on_unknown="raise"
+                MCP_PROXY_TOOL, kwargs=kwargs, key=inp.step, on_unknown="raise"
             )
         except asyncio.CancelledError:
             if inp.mode is None:
@@ -475,7 +477,7 @@ class ProxyCall:
         rid = str(err.fields.get("reconcile_id"))
         self._outcome = self._make("unknown", message=err.message, reconcile_id=rid)
         settled: Settled = await workflow.execute_activity(
-            AWAIT_SETTLED,
+            MCP_PROXY_AWAIT_SETTLED,
             rid,
             result_type=Settled,
             start_to_close_timeout=timedelta(days=3650),
@@ -508,7 +510,7 @@ class ProxyCall:
         )
 
 
-@workflow.defn(name=APPROVED_WORKFLOW)
+@workflow.defn(name=MCP_PROXY_APPROVED_WORKFLOW)
 class ApprovedProxyCall(ProxyCall):
     """The same, for a tool given to ``--approve``: the call waits for an exactcall approval."""
 
@@ -518,7 +520,7 @@ class ApprovedProxyCall(ProxyCall):
 
     def _approval_book(self) -> Any:
         """Found here, in the update's task (runs from before the patch: None, as they ran)."""
-        if workflow.patched(APPROVAL_SEEN):
+        if workflow.patched(MCP_PROXY_APPROVAL_SEEN):
             with contextlib.suppress(PluginNotInstalled):
                 return state().book
         return None
@@ -538,7 +540,7 @@ def owned_key(namespace: str, workflow_id: str, step: str) -> str:
     return derive_key(namespace, workflow_id, step, proxy_tool.name, proxy_tool.version)
 
 
-@workflow.defn(name=OWNED_WORKFLOW)
+@workflow.defn(name=MCP_PROXY_OWNED_WORKFLOW)
 class OwnedProxyCall(ProxyCall):
     """A write call (mode ``retry``, no approval) that the proxy which started the run sends
     to its server itself, without an activity: the run's start (its input, conflict policy
@@ -566,7 +568,7 @@ class OwnedProxyCall(ProxyCall):
     async def run(self, inp: CallInput) -> Outcome:
         return await super().run(inp)
 
-    @workflow.signal(name=OWNER_REPORT_SIGNAL)
+    @workflow.signal(name=MCP_PROXY_OWNER_REPORT_SIGNAL)
     def owner_report(self, report: Report) -> None:
         """What the call did; a final outcome is this run's outcome at once (so an identical
         call that comes in the same workflow task sees it, and whether it was delivered)."""
@@ -596,7 +598,7 @@ class OwnedProxyCall(ProxyCall):
         until = self._linger_until
         return LINGER if until is None else until - workflow.now()
 
-    @workflow.update(name=OWNER_REPORT_UPDATE)
+    @workflow.update(name=MCP_PROXY_OWNER_REPORT_UPDATE)
     async def owner_report_now(self, report: Report) -> bool:
         """The same report, for an outcome the owner answers only once this run has acted on
         it (unknown: its reconciliation has started, so ``exactcall unresolved`` lists it)."""
@@ -609,18 +611,18 @@ class OwnedProxyCall(ProxyCall):
         released = self._outcome is not None and self._outcome.released
         return released or super()._over()
 
-    @workflow.signal(name=OWNER_ALIVE_SIGNAL)
+    @workflow.signal(name=MCP_PROXY_OWNER_ALIVE_SIGNAL)
     def owner_alive(self) -> None:
         self._alive += 1
 
-    @workflow.update(name=OWNER_WITHDRAW_UPDATE)
+    @workflow.update(name=MCP_PROXY_OWNER_WITHDRAW_UPDATE)
     def owner_withdraw(self) -> bool:
         """The owner's client cancelled: True when no other caller waits (it may cancel)."""
         self._owner_withdrawn = True
         others = self._callers - {self._inp.caller}
         return self._outcome is None and others <= self._withdrawn
 
-    @workflow.signal(name=WITHDRAW_SIGNAL)
+    @workflow.signal(name=MCP_PROXY_WITHDRAW_SIGNAL)
     def withdraw(self, caller: str) -> None:
         """Another proxy's caller cancelled; the owner cancels only what no one waits for."""
         self._withdrawn.add(caller)

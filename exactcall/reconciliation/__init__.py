@@ -17,8 +17,8 @@ from temporalio.service import RPCError
 from exactcall._confirm import confirm_by_query
 from exactcall._model import RecordState
 from exactcall.reconciliation._verdicts import (
+    RECONCILE_STATE_QUERY,
     RESOLVE_SIGNAL,
-    STATE_QUERY,
     UNRESOLVED_ATTRIBUTE,
     UNRESOLVED_MEMO,
     CallAbandoned,
@@ -104,7 +104,7 @@ async def recorded_outcome(client: Client, row: UnresolvedCall) -> RecordState |
 
 async def state(client: Client, reconcile_workflow_id: str) -> ReconcileState:
     handle = client.get_workflow_handle(reconcile_workflow_id)
-    return await handle.query(STATE_QUERY, result_type=ReconcileState)
+    return await handle.query(RECONCILE_STATE_QUERY, result_type=ReconcileState)
 
 
 async def resolve(

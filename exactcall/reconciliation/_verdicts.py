@@ -16,9 +16,8 @@ from temporalio.common import WorkflowIDReusePolicy
 from exactcall._errors import ExactcallError, register_error
 from exactcall._model import FROZEN, CallIdentity, Intent
 from exactcall._ui import call_summary, intent_details
-from exactcall._wire import CANCELLED_MEMO
+from exactcall._wire import CANCELLED_MEMO, RECONCILE_STATE_QUERY
 from exactcall._wire import JOINED_SIGNAL as JOINED_SIGNAL
-from exactcall._wire import RECONCILE_STATE_QUERY as STATE_QUERY
 from exactcall._wire import RECONCILE_WORKFLOW as RECONCILE_WORKFLOW
 from exactcall._wire import RESOLVE_SIGNAL as RESOLVE_SIGNAL
 from exactcall._wire import SETTLED_SIGNAL as SETTLED_SIGNAL
@@ -33,10 +32,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "JOINED_SIGNAL",
+    "RECONCILE_STATE_QUERY",
     "RECONCILE_WORKFLOW",
     "RESOLVE_SIGNAL",
     "SETTLED_SIGNAL",
-    "STATE_QUERY",
     "UNRESOLVED_ATTRIBUTE",
     "UNRESOLVED_MEMO",
     "CallAbandoned",

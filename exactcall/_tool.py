@@ -102,10 +102,15 @@ class ToolOptions:
     that asks the destination whether a call of unknown outcome happened."""
     reconcile_deadline: timedelta = timedelta(minutes=5)
     """Overall deadline of the probe (with its retries); past it the call is parked."""
+    late_commit: timedelta = timedelta(0)
+    """How long after the tool stopped waiting for a request (its own timeout) the provider
+    may still make the effect. A probe's "not landed" leads to a re-run only once this much
+    more has passed, and the probe has said it again (a request that commits late is then
+    found landed, not sent twice)."""
     on_unknown: str = "wait"
+    """``"wait"`` for the reconciliation's verdict, or ``"raise"`` AmbiguousOutcome at once."""
     budgets: tuple[Any, ...] = ()
     """``exactcall.Budget`` bounds across this tool's calls (reserved before each call)."""
-    """``"wait"`` for the reconciliation's verdict, or ``"raise"`` AmbiguousOutcome at once."""
 
 
 @dataclass(eq=False)
@@ -554,6 +559,7 @@ def tool(
     requester_may_approve: bool = True,
     reconcile: Callable[[Any], Any] | None = None,
     reconcile_deadline: timedelta = timedelta(minutes=5),
+    late_commit: timedelta = timedelta(0),
     on_unknown: str = "wait",
     budgets: Sequence[Any] = (),
 ) -> Callable[[Callable[..., Any]], Tool]: ...
@@ -586,6 +592,9 @@ def _options(f: Callable[..., Any], options: dict[str, Any]) -> ToolOptions:
         raise TypeError("exactcall.tool(min_approvals=...) must be at least 1")
     if opts.get("on_unknown", "wait") not in ("wait", "raise"):
         raise TypeError("exactcall.tool(on_unknown=...) must be 'wait' or 'raise'")
+    late = opts.get("late_commit", timedelta(0))
+    if not isinstance(late, timedelta) or late < timedelta(0):
+        raise TypeError(f"exactcall.tool(late_commit=...) must be a timedelta >= 0, not {late!r}")
     if opts.get("read_only") and opts.get("approval"):
         raise TypeError("a read_only tool cannot need approval (it changes nothing)")
     if "budgets" in opts:

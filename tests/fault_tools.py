@@ -158,3 +158,16 @@ def fault_pay_then_wait(bank: str, amount: int, to: str, seconds: float) -> dict
     receipt = _pay(bank, amount, to)
     time.sleep(seconds)
     return receipt
+
+
+# -- a provider that commits a request after the tool gave up on it (its own ``timeout``)
+@exactcall.tool(reconcile=paid_to, heartbeat_timeout=FAST)
+def book_late(bank: str, amount: int, to: str, timeout: float) -> dict[str, Any]:
+    """A probe, but the probe's "not landed" is trusted as soon as the claim is gone."""
+    return post(bank, "/payments", {"amount": amount, "to": to}, timeout=timeout)
+
+
+@exactcall.tool(reconcile=paid_to, heartbeat_timeout=FAST, late_commit=timedelta(seconds=6))
+def book_late_declared(bank: str, amount: int, to: str, timeout: float) -> dict[str, Any]:
+    """The same, with ``late_commit`` longer than the bank's lag past the tool's timeout."""
+    return post(bank, "/payments", {"amount": amount, "to": to}, timeout=timeout)

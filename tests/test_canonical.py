@@ -6,6 +6,7 @@ import dataclasses
 import decimal
 import hashlib
 import math
+from datetime import timedelta
 from typing import Any
 
 import pydantic
@@ -171,3 +172,11 @@ def test_an_unresolvable_annotation_is_logged_not_silently_dropped() -> None:
     assert "module level" in warning["fix"]
     # the tool still works, its arguments checked as JSON only (as before)
     assert unresolved.canonical_args([{"n": 1}, "2"], {}) == {"item": {"n": 1}, "count": "2"}
+
+
+@pytest.mark.parametrize("late", [timedelta(seconds=-1), 5])
+def test_a_late_commit_that_is_not_a_duration_is_refused_at_declaration(late: object) -> None:
+    with pytest.raises(TypeError, match=r"late_commit=\.\.\.\) must be a timedelta >= 0"):
+
+        @exactcall.tool(name="canon_late", late_commit=late)  # type: ignore[arg-type]
+        def late_tool(amount: int) -> None: ...

@@ -8,6 +8,10 @@ unknown until a person, shown the call, settles it, never re-sent either."""
 from __future__ import annotations
 
 import asyncio
+import json
+import urllib.request
+from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.client import Client
@@ -52,3 +56,39 @@ async def test_an_answer_lost_after_the_provider_committed_is_one_effect(
     else:  # never re-sent; the probe found the payment, or the person gave it
         assert action.executions == 1, action
         assert out["ok"] == ({"count": 1} if tool == "via_book" else paid), out
+
+
+LAG = 5.0
+"""How long after a request arrives the slow bank commits it (the tool gives up after 1 s)."""
+
+
+@pytest.mark.parametrize(("tool", "payments"), [("book_late", 2), ("book_late_declared", 1)])
+async def test_a_provider_that_commits_after_the_tool_gave_up_needs_late_commit(
+    client: Client, worker: Worker, tq: str, tmp_path: Path, who: str, tool: str, payments: int
+) -> None:
+    # The bank commits each payment LAG s after it arrives; the tool gives up after TIMEOUT s,
+    # so its attempt ends in doubt before the payment exists. The reconciliation's probe says
+    # "not landed", and again once the attempt's claim is gone (3 s): still before the commit.
+    # Without late_commit the call is re-run and the bank is paid twice (the limit the docs
+    # state, shown here so the scenario is known to be real); with late_commit (6 s) longer
+    # than the lag, the probe is asked again after it and finds the one payment.
+    with Bank(tmp_path / "bank.db") as slow:
+        _post(f"{slow.url}/faults", {"delay_ms": int(LAG * 1000)})
+        handle = await start_agent(client, tq, plan(step(tool, slow.url, 10, who, TIMEOUT)))
+        if payments == 1:
+            [out] = await asyncio.wait_for(handle.result(), 60)
+            assert out["ok"] == {"count": 1}, out
+            await asyncio.sleep(LAG + TIMEOUT)  # a second request, had one been sent, commits
+        else:
+            for _ in range(300):
+                if slow.count(to=who) >= payments:
+                    break
+                await asyncio.sleep(0.1)
+        assert slow.count(to=who) == payments
+
+
+def _post(url: str, body: dict[str, Any]) -> None:
+    req = urllib.request.Request(url, json.dumps(body).encode(), method="POST")
+    req.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 200

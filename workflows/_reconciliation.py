@@ -175,10 +175,14 @@ class Reconcile:
         before this reconciliation started; it then cancels its tool or stops its process
         within a fraction of a heartbeat timeout. So: wait until a heartbeat timeout (and
         CLAIM_SLACK) after the start, and ask the probe again; re-run only if it still says
-        not landed."""
+        not landed. A tool whose provider may commit a request after the tool gave up on it
+        (``late_commit``) adds that much to the wait."""
         if not self._outwaits_the_claim:
             return v
-        gone_at = workflow.info().start_time + self._call_spec(inp).heartbeat_timeout + CLAIM_SLACK
+        spec = self._call_spec(inp)
+        gone_at = (
+            workflow.info().start_time + spec.heartbeat_timeout + CLAIM_SLACK + spec.late_commit
+        )
         if asked_at >= gone_at:
             return v
         wait = gone_at - workflow.now()

@@ -138,6 +138,9 @@ class CallSpec(BaseModel):
     heartbeat_timeout: timedelta
     backoff_coefficient: float
     maximum_interval: timedelta | None
+    late_commit: timedelta = timedelta(0)
+    """The tool's ``late_commit``: how long its provider may still commit a request the tool
+    gave up on (absent from inputs of older versions: 0)."""
 
 
 class ReconcileInput(BaseModel):
@@ -214,6 +217,7 @@ def call_spec(t: Tool) -> CallSpec:
         heartbeat_timeout=opts.heartbeat_timeout,
         backoff_coefficient=p.backoff_coefficient,
         maximum_interval=p.maximum_interval,
+        late_commit=opts.late_commit,
     )
 
 

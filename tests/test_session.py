@@ -34,6 +34,7 @@ from tests.session_app import (
     session_pay,
     session_pay_approved,
     session_pay_budgeted,
+    session_pay_plain,
 )
 from tests.test_replay import load
 from tests.undo_app import saga_pay
@@ -121,7 +122,7 @@ async def test_without_a_configured_temporal_a_session_uses_the_embedded_server(
 
 
 async def test_a_plain_tool_killed_after_the_payment_is_unknown_never_re_sent(
-    server: DevServer, bank: Bank, who: str
+    server: DevServer, client: Client, bank: Bank, who: str
 ) -> None:
     s_id = sid()
     killed = run_app(server, s_id, bank.url, who, "session_pay_plain", die=10)
@@ -132,6 +133,19 @@ async def test_a_plain_tool_killed_after_the_payment_is_unknown_never_re_sent(
     assert error["error"] == "AmbiguousOutcome"  # its verdict waits for a person
     assert "exactcall unresolved" in error["message"]
     assert bank.count(who) == 1  # never re-sent
+    # the call waits for a person's verdict; `exactcall resolve` (by the call's workflow id)
+    # gives it, and the session's call at that step gets it
+    async with exactcall.session(s_id, client=client) as s:
+        waiting = asyncio.ensure_future(s.call(session_pay_plain, bank.url, 10, who))
+        wid, step = session_call_id(s_id, "session_pay_plain#1"), "session_pay_plain#1"
+        argv = ["resolve", wid, step, "--landed", "--result", '{"paid": "by hand"}', "--yes"]
+        for _ in range(100):  # (listed once its reconciliation has parked)
+            code = await asyncio.to_thread(cli_main, [*argv, "--address", server.address])
+            if code == 0:
+                break
+            await asyncio.sleep(0.2)
+        assert await waiting == {"paid": "by hand"}
+    assert bank.count(who) == 1
 
 
 async def test_an_approval_waits_and_wait_false_raises_the_approve_command(

@@ -17,8 +17,6 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-import pydantic
-from temporalio import workflow
 from temporalio.client import (
     Client,
     WithStartWorkflowOperation,
@@ -31,7 +29,7 @@ from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.worker import Worker
 
 from exactcall._canonical import args_hash
-from exactcall._errors import ExactcallError, InvalidCall
+from exactcall._errors import AmbiguousOutcome, ExactcallError, InvalidCall
 from exactcall._plugin import Plugin
 from exactcall._tool import Tool, resolve_tool
 from exactcall._wire import (
@@ -42,10 +40,20 @@ from exactcall._wire import (
 )
 from exactcall._worker import Connection, build_worker, connect
 from exactcall.embedded._shared import Embedded, cli_flags, is_configured, start_embedded
+from exactcall.reconciliation._verdicts import Settled
+from exactcall.session._calls import (
+    check_plugin,
+    input_of,
+    intent_of_call,
+    may_wait_for_a_person,
+    not_in_workflow,
+    typed,
+)
 from exactcall.session._errors import ApprovalPending, SessionBusy, rebuilt
 from exactcall.session._lock import BEAT, Holder, SessionLock, hold, on_hold_lost
 from exactcall.session._workflow import CallInput, Outcome, SessionCall
 from exactcall.workflows._call import _check_key, intent_conflict
+from exactcall.workflows._unknown import settled_result
 
 __all__ = ["MAX_SESSION_ID", "Session", "session"]
 
@@ -95,7 +103,7 @@ class Session:
 
     # -- opening and closing --------------------------------------------------------------
     async def __aenter__(self) -> Session:
-        _not_in_workflow("exactcall.session")
+        not_in_workflow("exactcall.session")
         self._loop = asyncio.get_running_loop()
         if self.id in _OPEN:
             raise SessionBusy(
@@ -106,7 +114,7 @@ class Session:
         _OPEN.add(self.id)
         try:
             self._client = self._given or await self._connect()
-            _check_plugin(self._client)
+            check_plugin(self._client)
             self._start_lock_workers(self._client)
             await self._acquire(self._client)
             self._run_workers(  # only now: a process refused the session runs none of its calls
@@ -280,7 +288,7 @@ class Session:
         on_unknown: OnUnknown | None = None,
     ) -> Any:
         """Like :meth:`call`, with the tool's arguments passed apart from the options."""
-        _not_in_workflow("a session call")
+        not_in_workflow("a session call")
         self._check_usable()
         t = resolve_tool(tool)
         if on_unknown not in (None, "wait", "raise"):
@@ -298,12 +306,21 @@ class Session:
             on_unknown=on_unknown,
         )
         handle = await self._start(t, inp)
-        if not wait and _may_wait_for_a_person(t):
+        if not wait and may_wait_for_a_person(t):
             await self._until_done_or_pending(t, inp, handle)
         outcome = await self._result(handle)
-        if outcome.kind == "error":
-            raise rebuilt(outcome.code, outcome.message, outcome.fields)
-        return _typed(t, outcome.result)
+        if outcome.kind == "done":
+            return typed(t, outcome.result)
+        rid = outcome.fields.get("reconcile_id")
+        waits = (on_unknown or t.options.on_unknown) == "wait"
+        if outcome.code == AmbiguousOutcome.code and waits and isinstance(rid, str):
+            # recorded by an earlier call that did not wait (on_unknown="raise"): this one
+            # waits for the verdict, as a call from a workflow does
+            settled = await self.client.get_workflow_handle(rid, result_type=Settled).result()
+            return typed(
+                t, settled_result(t, intent_of_call(self.client, t, inp, handle.id), settled)
+            )
+        raise rebuilt(outcome.code, outcome.message, outcome.fields)
 
     def _next_step(self, tool: str) -> str:
         n = self._ordinals.get(tool, 0) + 1
@@ -340,7 +357,7 @@ class Session:
         except WorkflowAlreadyStartedError:
             pass
         handle = client.get_workflow_handle(wid, result_type=Outcome)
-        recorded = await _input_of(client, handle)
+        recorded = await input_of(client, handle)
         if recorded.args_hash != inp.args_hash:
             raise intent_conflict(
                 t, inp, "already ran", recorded.args_hash, f"in session {self.id!r}"
@@ -390,44 +407,4 @@ class Session:
             workflow_id=wid,
             args_hash=inp.args_hash,
             command=command,
-        )
-
-
-async def _input_of(client: Client, handle: WorkflowHandle[Any, Outcome]) -> CallInput:
-    """The input an existing call workflow was started with (its first event)."""
-    async for ev in handle.fetch_history_events():
-        payloads = ev.workflow_execution_started_event_attributes.input.payloads
-        [inp] = await client.data_converter.decode(payloads, [CallInput])
-        return inp
-    raise ExactcallError(f"workflow {handle.id} has no history")
-
-
-def _may_wait_for_a_person(t: Tool) -> bool:
-    return bool(t.options.approval) or bool(t.options.budgets)
-
-
-def _typed(t: Tool, value: Any) -> Any:
-    adapter = t.return_adapter()
-    if adapter is None:
-        return value
-    try:
-        return adapter.validate_python(value)
-    except pydantic.ValidationError:
-        return value  # as a workflow's call gives it: the recorded JSON
-
-
-def _not_in_workflow(what: str) -> None:
-    if workflow.in_workflow():
-        raise ExactcallError(
-            f"{what} is for code that is not a Temporal workflow; inside a workflow use "
-            "exactcall.call(tool, ...), which makes the call part of the workflow's history"
-        )
-
-
-def _check_plugin(client: Client) -> None:
-    plugins = client.config().get("plugins") or []
-    if not any(isinstance(p, Plugin) for p in plugins):
-        raise ExactcallError(
-            "exactcall.session(client=...) needs a client with exactcall's plugin: "
-            "Client.connect(..., plugins=[exactcall.Plugin()])"
         )

@@ -15,7 +15,8 @@ from typing import Any, TypeVar
 from temporalio.client import Client
 
 from exactcall._tool import Tool
-from exactcall.session._session import Session, _not_in_workflow
+from exactcall.session._calls import not_in_workflow
+from exactcall.session._session import Session
 
 __all__ = ["SessionSync", "session_sync"]
 
@@ -44,7 +45,7 @@ class SessionSync:
         return self.session.id
 
     def __enter__(self) -> SessionSync:
-        _not_in_workflow("exactcall.session_sync")
+        not_in_workflow("exactcall.session_sync")
         loop = asyncio.new_event_loop()
         self._loop = loop
         self._thread = threading.Thread(

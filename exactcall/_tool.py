@@ -310,6 +310,17 @@ class Tool:
             self._adapters["return"] = adapter
         return adapter
 
+    def typed_result(self, value: Any) -> tuple[Any, bool]:
+        """A recorded result (plain JSON) as the return annotation's type, and whether it
+        fit; one that does not fit is returned as it is (False)."""
+        adapter = self.return_adapter()
+        if adapter is None:
+            return value, True
+        try:
+            return adapter.validate_python(value), True
+        except pydantic.ValidationError:
+            return value, False
+
     def arguments_for_call(self, canonical: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any]]:
         """Validated positional and keyword arguments for the function, from canonical args.
 

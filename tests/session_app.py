@@ -17,6 +17,7 @@ import sys
 from datetime import timedelta
 from typing import Any
 
+from pydantic import BaseModel
 from temporalio import workflow
 
 import exactcall
@@ -57,6 +58,17 @@ def session_pay_plain(bank: str, amount: int, to: str) -> dict[str, Any]:
 @exactcall.tool(approval=True, heartbeat_timeout=FAST)
 def session_pay_approved(bank: str, amount: int, to: str) -> dict[str, Any]:
     return _pay(bank, amount, to, exactcall.idempotency_headers())
+
+
+class Receipt(BaseModel):
+    payment_id: int
+    amount: int
+
+
+@exactcall.tool(provider_idempotent=True, heartbeat_timeout=FAST)
+def session_pay_typed(bank: str, amount: int, to: str) -> Receipt:
+    r = post_payment(bank, amount, to, exactcall.idempotency_headers())
+    return Receipt(payment_id=r["payment_id"], amount=r["amount"])
 
 
 SESSION_BUDGET = exactcall.Budget(

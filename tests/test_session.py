@@ -35,6 +35,7 @@ from tests.session_app import (
     session_pay_approved,
     session_pay_budgeted,
     session_pay_plain,
+    session_pay_typed,
 )
 from tests.test_replay import load
 from tests.undo_app import saga_pay
@@ -167,6 +168,17 @@ async def test_an_approval_waits_and_wait_false_raises_the_approve_command(
         await approve(client, err.workflow_id, err.step, args_hash=err.args_hash, by="test")
         receipt = await waiting
     assert receipt["amount"] == 10
+    assert bank.count(who) == 1
+
+
+async def test_a_result_has_the_tools_return_type_when_made_and_when_recorded(
+    client: Client, bank: Bank, who: str
+) -> None:
+    s_id = sid()
+    for _ in range(2):  # made, then the recorded result
+        async with exactcall.session(s_id, client=client) as s:
+            receipt = await s.call(session_pay_typed, bank.url, 5, who)
+        assert type(receipt).__name__ == "Receipt" and receipt.amount == 5
     assert bank.count(who) == 1
 
 

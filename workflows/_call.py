@@ -12,7 +12,6 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-import pydantic
 from temporalio import workflow
 from temporalio.exceptions import (
     is_cancelled_exception,
@@ -359,13 +358,9 @@ async def _settle_cancelled(t: Tool, intent: Intent, flight: Flight) -> Any:
 
 
 def _typed(t: Tool, value: Any) -> Any:
-    adapter = t.return_adapter()
-    if adapter is None:
-        return value
-    try:
-        return adapter.validate_python(value)
-    except pydantic.ValidationError:
+    typed, fits = t.typed_result(value)
+    if not fits:
         workflow.logger.warning(
             "exactcall: %s result does not fit its return annotation; returned as JSON", t.name
         )
-        return value
+    return typed

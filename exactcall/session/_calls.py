@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pydantic
 from temporalio import workflow
 from temporalio.client import Client, WorkflowHandle
 
@@ -59,13 +58,8 @@ def may_wait_for_a_person(t: Tool) -> bool:
 
 
 def typed(t: Tool, value: Any) -> Any:
-    adapter = t.return_adapter()
-    if adapter is None:
-        return value
-    try:
-        return adapter.validate_python(value)
-    except pydantic.ValidationError:
-        return value  # as a workflow's call gives it: the recorded JSON
+    """As a workflow's call gives it: typed by the return annotation, or the recorded JSON."""
+    return t.typed_result(value)[0]
 
 
 def not_in_workflow(what: str) -> None:

@@ -55,6 +55,8 @@ class World:
     gone: list[WorkerProcess] = field(default_factory=list)
     on_start: Callable[[int], None] = lambda pid: None
     """Told each worker's pid (the bench's watchdog)."""
+    deaths: list[int] = field(default_factory=list)
+    """Exit codes of the workers that died by themselves: -9 at a crash point, 75 a fail-stop."""
 
     async def start(self, n: int = 2) -> None:
         self.proxies = [FaultProxy(self.address) for _ in range(n)]
@@ -87,6 +89,8 @@ class World:
         fail-stop), as a supervisor would."""
         for j, wp in enumerate(self.workers):
             if j not in self.held and (wp is None or wp.proc.poll() is not None):
+                if wp is not None:
+                    self.deaths.append(wp.proc.returncode)
                 await self.respawn(j)
 
     async def heal(self) -> None:
@@ -95,9 +99,9 @@ class World:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        for j, wp in enumerate(self.workers):
-            if wp is None or wp.proc.poll() is not None or j in self.armed:
-                await self.respawn(j)
+        await self.reap()
+        for j in list(self.armed):
+            await self.respawn(j)
 
     def stop(self) -> None:
         for wp in [*self.workers, *self.gone]:

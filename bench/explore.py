@@ -172,6 +172,7 @@ async def explore(
         "ops_drawn": dict(sorted(kinds.items())),
         "ops_that_acted": dict(sorted(acted.items())),
         "seconds": round(sum(out["seconds"] for out in ran), 1),
+        "worker_deaths": dict(Counter(str(code) for code in world.deaths)),
         "failures": failures,
         "smallest_failing": smallest,
         "runs": [{k: out[k] for k in ("seed", "seconds", "log")} for out in ran],
@@ -205,6 +206,7 @@ async def amain(ns: argparse.Namespace) -> int:
             server.stop()
     print(f"{report['schedules']} schedules, {report['failed']} failed, {report['seconds']} s")
     print(f"operations that acted: {report['ops_that_acted']}")
+    print(f"workers that died by themselves, by exit code: {report['worker_deaths']}")
     small = report["smallest_failing"]
     if small:
         print(f"smallest failing schedule (seed {small['seed']}, {len(small['ops'])} ops):")

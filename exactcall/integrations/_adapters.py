@@ -55,11 +55,12 @@ from exactcall.reconciliation._verdicts import CallAbandoned
 from exactcall.undo._undo import UndoFailed
 from exactcall.workflows._approval_wait import wait_for_approval
 from exactcall.workflows._call import call_with, intent_of
-from exactcall.workflows._state import state
+from exactcall.workflows._state import FailTheRun, state
 
 __all__ = [
     "KEY_PARAM",
     "MODEL_ERRORS",
+    "FailTheRun",
     "KeyFunction",
     "KeyOption",
     "approval_step",
@@ -68,6 +69,7 @@ __all__ = [
     "key_functions",
     "next_step",
     "planned_intent",
+    "refusal_or_failure",
     "register_error",
     "resolve_tool",
     "schema_function",
@@ -217,6 +219,16 @@ async def call_for_model(t: Tool, named: Mapping[str, Any], *, step: str | None 
     ``step`` (from :func:`step_of`, or None for the tool's next ordinal)."""
     args, kwargs = split_arguments(t, named)
     return await call_with(t, args=args, kwargs=kwargs, key=step)
+
+
+def refusal_or_failure(err: BaseException) -> BaseException:
+    """For a framework that hands every ``Exception`` a tool raises to the model: ``err`` as
+    it is when the model may see it (:data:`MODEL_ERRORS`), otherwise wrapped in
+    :class:`FailTheRun`, which no ``except Exception`` catches and which fails the run with
+    ``err`` itself (the plugin's workflow interceptor unwraps it)."""
+    if isinstance(err, MODEL_ERRORS) or not isinstance(err, Exception):
+        return err
+    return FailTheRun(err)
 
 
 # -- the framework's own approvals, in exactcall's ----------------------------------------------

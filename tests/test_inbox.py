@@ -7,6 +7,7 @@ effects are counted at the bank, and the notifications at a real local HTTP rece
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -331,6 +332,13 @@ async def test_signed_decisions_from_the_page_with_the_key_the_inbox_holds(
         text = await page.inner_text("#answer")
         assert "unsigned: this worker requires signed decisions" in text
         assert f"exactcall approve {handle.id} transfer#1 --hash" in text and "--as bob" in text
+        assert bank.count(to=who) == 0
+        # bob signs in his browser (WebCrypto Ed25519) with alice's key file: refused
+        await page.goto(url)
+        await page.set_input_files("#keyfile", str(keyfile("alice", ALICE_KEY)))
+        await page.click("#approve")
+        assert await page.inner_text("#answer-title") == "Refused"
+        assert "signature does not verify with bob's key" in await page.inner_text("#answer")
         await page.context.close()
         assert bank.count(to=who) == 0
         page = await login(browser, proc.url, tokens["alice"])
@@ -344,6 +352,32 @@ async def test_signed_decisions_from_the_page_with_the_key_the_inbox_holds(
     assert bank.count(to=who) == 1
     (ok,) = [r for r in v.decisions if r.accepted]
     assert ok.decision.by == "alice" and ok.decision.signature
+
+    # bob with his own key file, signing in the browser: the key never leaves it
+    async with build_worker(signed, tq, WORKFLOWS):
+        handle = await start_agent(signed, tq, plan(step("transfer", bank.url, 11, who)))
+        await pending_of(signed, handle)
+        page = await login(browser, proc.url, tokens["bob"])
+        sent: list[str] = []
+        page.on("request", lambda r: sent.append(r.post_data or "") if r.method == "POST" else None)
+        await page.goto(f"{proc.url}/call?wf={handle.id}&step=transfer%231")
+        await page.set_input_files("#keyfile", str(keyfile("bob", bob)))
+        await page.click("#approve")
+        assert await page.inner_text("#answer-title") == "Approved"
+        await page.context.close()
+        await handle.result()
+        v = await approvals.view(signed, handle.id)
+    assert bank.count(to=who) == 2
+    (ok,) = [r for r in v.decisions if r.accepted]
+    assert ok.decision.by == "bob" and ok.decision.signature
+    assert len(sent) == 1 and "PRIVATE" not in sent[0] and "signature=" in sent[0]
+
+
+def keyfile(name: str, key: Ed25519PrivateKey) -> Path:
+    """An approver's private key as `exactcall keys new` writes it (PKCS#8 PEM)."""
+    path = Path(tempfile.mkdtemp(prefix="inbox-key-")) / f"{name}.key.pem"
+    path.write_bytes(key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
+    return path
 
 
 async def test_an_expired_call_gets_a_clear_answer_and_nothing_runs(

@@ -9,21 +9,37 @@ workflow, which is the one place that decides (first decision wins, hash must ma
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 from temporalio.client import Client
 
-from exactcall.approvals import ApprovalsView, decide, view
+from exactcall.approvals import (
+    ApprovalRequest,
+    ApprovalsView,
+    Decision,
+    decide,
+    signed_payload,
+    view,
+)
 from exactcall.evidence._audit import AuditFilter, audit_rows
 
-__all__ = ["Answer", "decide_from_page", "gone", "last_outcome"]
+__all__ = [
+    "Answer",
+    "BrowserSignature",
+    "decide_from_page",
+    "gone",
+    "last_outcome",
+    "payload_for",
+]
 
 SIGNING_HINT = (
-    "This worker requires signed decisions. The inbox signs with your key when its operator "
-    "has placed it (exactcall inbox --keys-dir DIR, file DIR/{name}.key.pem); otherwise approve "
-    "from a terminal that holds your key: exactcall approve {wf} {step} --hash {h} --as {name} "
+    "This worker requires signed decisions. Choose your key file ({name}.key.pem) on the "
+    "call's page to sign in this browser; or the inbox signs with your key when its operator "
+    "has placed it (exactcall inbox --keys-dir DIR, file DIR/{name}.key.pem); or approve from "
+    "a terminal that holds your key: exactcall approve {wf} {step} --hash {h} --as {name} "
     "--key {name}.key.pem"
 )
 
@@ -47,7 +63,10 @@ async def decide_from_page(
     who: str,
     reason: str | None,
     signing_key: Any = None,
+    browser_signature: str | None = None,
 ) -> Answer:
+    """``browser_signature``: the base64 signature the page made in the browser over this
+    decision's bytes (``payload_for``); else ``signing_key`` signs, if any."""
     v = await view(client, workflow_id)
     req = next((r for r in v.pending if r.step == step), None)
     if req is None:
@@ -68,6 +87,11 @@ async def decide_from_page(
             f"It expired at {req.expires_at:%Y-%m-%d %H:%M:%S} UTC. Nothing was sent.",
             False,
         )
+    if browser_signature:
+        try:
+            signing_key = BrowserSignature(payload_for(req, verdict, who), browser_signature)
+        except ValueError as exc:
+            return Answer(False, "Not signed", str(exc), False)
     res = await decide(
         client,
         workflow_id,
@@ -115,3 +139,29 @@ async def gone(client: Client, workflow_id: str, step: str, v: ApprovalsView) ->
             error = f" ({row['error']})" if row["error"] else ""
             return f"It no longer waits: {row['outcome']}{error}"
     return said
+
+
+class BrowserSignature:
+    """A signature the approver's browser made (WebCrypto Ed25519, with a key file it read
+    locally), handed to ``decide`` in place of a key: ``decide`` asks it to sign the decision's
+    bytes, and it gives the browser's signature if the browser signed exactly those bytes."""
+
+    def __init__(self, signed: bytes, signature_b64: str) -> None:
+        try:
+            self.signature = base64.b64decode(signature_b64, validate=True)
+        except ValueError as exc:
+            raise ValueError("the page's signature is not base64: nothing was sent") from exc
+        self.signed = signed
+
+    def sign(self, payload: bytes) -> bytes:
+        if payload != self.signed:
+            raise ValueError("the browser signed other bytes than this decision's")
+        return self.signature
+
+
+def payload_for(req: ApprovalRequest, verdict: Literal["approve", "deny"], who: str) -> bytes:
+    """What a signature of ``who``'s ``verdict`` on ``req`` covers (as ``decide`` signs it)."""
+    d = Decision(
+        decision=verdict, args_hash=req.args_hash, step=req.step, by=who, expires_at=req.expires_at
+    )
+    return signed_payload(req.workflow_id, d)

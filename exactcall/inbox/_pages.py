@@ -4,7 +4,7 @@ updates (polling) and against double submits. No build step."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from html import escape
 from typing import Any
@@ -145,12 +145,40 @@ def call_status(r: ApprovalRequest | None, shown_hash: str, gone: str = "") -> s
     return f'<p class="muted" id="waiting">Still waiting: {why_waits(r)}.</p>'
 
 
-def call_page(r: ApprovalRequest, who: str, csrf: str, signing: str) -> str:
+SIGN_IN_BROWSER = """
+document.querySelectorAll('form.decide').forEach(f=>f.addEventListener('submit',async e=>{
+const file=document.getElementById('keyfile').files[0];if(!file)return;e.preventDefault();
+const verdict=e.submitter.value,out=document.getElementById('signing');
+try{const pem=await file.text();
+const b64=pem.replace(/-----[^-]+-----/g,'').replace(/\\s+/g,'');
+const der=Uint8Array.from(atob(b64),c=>c.charCodeAt(0));
+const key=await crypto.subtle.importKey('pkcs8',der,{name:'Ed25519'},false,['sign']);
+const data=Uint8Array.from(atob(f.dataset[verdict]),c=>c.charCodeAt(0));
+const sig=new Uint8Array(await crypto.subtle.sign({name:'Ed25519'},key,data));
+f.elements.signature.value=btoa(String.fromCharCode(...sig));
+f.elements.verdict.value=verdict;f.submit()}
+catch(err){out.textContent='Could not sign with that file ('+err+'): nothing was sent.';
+delete f.dataset.sent;f.querySelectorAll('button').forEach(b=>b.disabled=false)}}));
+"""
+
+
+def call_page(
+    r: ApprovalRequest, who: str, csrf: str, signing: str, payloads: Mapping[str, str]
+) -> str:
+    """``payloads``: for approve and deny, the base64 bytes a signature covers (the browser
+    signs them with a key file it reads locally; the file is never sent)."""
     q = urlencode({"wf": r.workflow_id, "step": r.step, "hash": r.args_hash})
     args = escape(json.dumps(r.args, indent=2, sort_keys=True))
     hidden = "".join(
         f'<input type="hidden" name="{k}" value="{escape(v)}">'
-        for k, v in (("wf", r.workflow_id), ("step", r.step), ("hash", r.args_hash), ("csrf", csrf))
+        for k, v in (
+            ("wf", r.workflow_id),
+            ("step", r.step),
+            ("hash", r.args_hash),
+            ("csrf", csrf),
+            ("signature", ""),
+            ("verdict", ""),
+        )
     )
     body = (
         f"<h1>{escape(r.tool)} <span class=muted>{escape(r.step)}</span></h1>"
@@ -163,13 +191,18 @@ def call_page(r: ApprovalRequest, who: str, csrf: str, signing: str) -> str:
         f'<tr><th>Args hash</th><td><code class="hash" id="hash">{escape(r.args_hash)}</code>'
         "</td></tr></table><h2>Exact arguments</h2>"
         f'<pre id="args">{args}</pre>'
-        f'<form class="decide" method="post" action="/decide">{hidden}'
+        f'<form class="decide" method="post" action="/decide" data-approve="'
+        f'{escape(payloads["approve"])}" data-deny="{escape(payloads["deny"])}">{hidden}'
         '<p><label>Reason (kept with the decision)<br><input type="text" name="reason" '
-        'maxlength="500"></label></p>'
+        'maxlength="500"></label></p><p><label>Sign in this browser (optional): your Ed25519 '
+        'key file, read here and never sent <input type="file" id="keyfile" accept=".pem">'
+        '</label> <span id="signing" class="muted"></span></p>'
         '<button type="submit" name="decision" value="approve" id="approve">Approve exactly '
         'this call</button><button type="submit" name="decision" value="deny" id="deny">Deny'
         f"</button></form><p class=muted>You decide as <b>{escape(who)}</b> (from your login). "
-        f"{escape(signing)}</p>" + _poll(f"/call.part?{q}", "status", 2000)
+        f"{escape(signing)}</p>"
+        + _poll(f"/call.part?{q}", "status", 2000)
+        + f"<script>{SIGN_IN_BROWSER}</script>"
     )
     return _layout(r.tool, body, who, csrf)
 

@@ -8,6 +8,7 @@ the audit, the same code as the CLI.
 from __future__ import annotations
 
 import asyncio
+import base64
 import threading
 import time
 from collections.abc import Coroutine
@@ -24,7 +25,7 @@ from exactcall.approvals import ApprovalRequest, list_pending, load_signing_key,
 from exactcall.evidence._audit import AuditFilter, audit_rows
 from exactcall.inbox import _pages as pages
 from exactcall.inbox._auth import COOKIE, Authenticator, Identity, TokenAuth
-from exactcall.inbox._decide import decide_from_page, gone, last_outcome
+from exactcall.inbox._decide import decide_from_page, gone, last_outcome, payload_for
 
 __all__ = ["EventLoop", "Inbox"]
 
@@ -32,6 +33,7 @@ T = TypeVar("T")
 MAX_FORM = 64 * 1024
 RUN_ROWS = 200
 LIST_EVERY = 0.5
+VERDICTS: tuple[Literal["approve"], Literal["deny"]] = ("approve", "deny")
 
 
 class EventLoop:
@@ -87,15 +89,16 @@ class Inbox(ServedHTTP):
     def signing_note(self, who: str) -> str:
         if self.keys_dir is None:
             return (
-                "Decisions are sent unsigned. If the worker requires signed decisions, ask for "
-                "your key to be placed in the inbox's --keys-dir, or approve with "
-                "`exactcall approve ... --key YOURKEY.key.pem`."
+                "Decisions are sent unsigned unless you choose your key file above (it signs "
+                "in this browser). A worker that requires signed decisions refuses unsigned "
+                "ones; `exactcall approve ... --key YOURKEY.key.pem` signs from a terminal."
             )
         if (self.keys_dir / f"{who}.key.pem").exists():
             return "Your decisions are signed with your key (held by the inbox)."
         return (
-            "The inbox holds no key for you: your decisions go unsigned, and a worker that "
-            "requires signatures refuses them (use `exactcall approve ... --key`)."
+            "The inbox holds no key for you: your decisions go unsigned unless you choose "
+            "your key file above (it signs in this browser), and a worker that requires "
+            "signatures refuses unsigned ones."
         )
 
     def signing_key(self, who: str) -> Any:
@@ -199,7 +202,10 @@ class _Handler(BaseHTTPRequestHandler):
             detail = f"{q['step']} of {q['wf']}: {said}."
             return self._send(HTTPStatus.NOT_FOUND, pages.error_page("Not waiting", detail))
         note = self.app.signing_note(who.name)
-        return self._send(HTTPStatus.OK, pages.call_page(req, who.name, csrf, note))
+        signs: dict[str, str] = {
+            v: base64.b64encode(payload_for(req, v, who.name)).decode() for v in VERDICTS
+        }
+        return self._send(HTTPStatus.OK, pages.call_page(req, who.name, csrf, note, signs))
 
     def _run(self, wf: str, who: Identity, csrf: str) -> None:
         async def read() -> tuple[list[Any], list[dict[str, Any]]]:
@@ -254,7 +260,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _decide(self, form: dict[str, str], who: Identity) -> None:
         wf, step, shown = form.get("wf", ""), form.get("step", ""), form.get("hash", "")
-        verdict = form.get("decision")
+        verdict = form.get("decision") or form.get("verdict")  # a signed submit sets verdict
         if not (wf and step and shown) or verdict not in ("approve", "deny"):
             detail = "the form lacks the workflow, step, hash or decision: reload the call's page"
             return self._send(HTTPStatus.BAD_REQUEST, pages.error_page("Incomplete form", detail))
@@ -272,6 +278,7 @@ class _Handler(BaseHTTPRequestHandler):
                     who.name,
                     form.get("reason"),
                     key,
+                    form.get("signature") or None,
                 )
             )
         except Exception as exc:

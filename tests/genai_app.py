@@ -14,7 +14,7 @@ import json
 from datetime import timedelta
 from typing import Any
 
-from temporalio import activity, workflow
+from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.workflow import ActivityConfig
 
@@ -23,51 +23,20 @@ with workflow.unsafe.imports_passed_through():
     from temporalio.google_genai import TemporalAsyncClient, activity_as_tool
     from temporalio.google_genai.testing import GeminiTestServer, text_response
 
-    import exactcall
     import exactcall.google_genai
-    from exactcall.quickstart._common import crash_after_plain_effect, find_payment, pay_at_bank
+    from tests.agent_kit import (
+        kit_approved_pay,
+        kit_pay,
+        kit_pay_then_lose,
+        kit_plain_pay,
+        planned,
+        said,
+    )
 
-FAST = timedelta(seconds=2)
 MODEL = "gemini-test"
 
 
-# -- tools -------------------------------------------------------------------------------------
-@exactcall.tool(reconcile=find_payment, heartbeat_timeout=FAST)
-async def genai_pay(bank: str, amount: int, to: str, *, idempotency_key: str) -> dict[str, Any]:
-    """Pay `amount` to the account `to` at the bank whose URL is `bank`."""
-    return await pay_at_bank(bank, amount, to, key=idempotency_key)
-
-
-@exactcall.tool(approval=True, heartbeat_timeout=FAST)
-async def genai_approved_pay(
-    bank: str, amount: int, to: str, *, idempotency_key: str
-) -> dict[str, Any]:
-    """Pay, once a person approved exactly this call (exactcall's own approval)."""
-    return await pay_at_bank(bank, amount, to, key=idempotency_key)
-
-
-@exactcall.tool(on_unknown="raise", heartbeat_timeout=FAST)
-async def genai_pay_then_lose(
-    bank: str, amount: int, to: str, *, idempotency_key: str
-) -> dict[str, Any]:
-    """Pay, then lose the answer: an unknown outcome, raised (no probe)."""
-    await pay_at_bank(bank, amount, to, key=idempotency_key)
-    raise ConnectionResetError("the answer was lost after the payment was sent")
-
-
-@activity.defn(name="genai_plain_pay")
-async def genai_plain_pay(bank: str, amount: int, to: str) -> dict[str, Any]:
-    """Pay `amount` to the account `to` at the bank whose URL is `bank`."""
-    receipt = await pay_at_bank(bank, amount, to)
-    crash_after_plain_effect()  # SIGKILL right after the payment (first attempt, when asked)
-    return receipt
-
-
 # -- the scripted model ------------------------------------------------------------------------
-def prompt(bank: str, *calls: tuple[str, int, str]) -> str:
-    return "\n".join([f"bank: {bank}", *(f"pay: {t} {a} {to}" for t, a, to in calls)])
-
-
 def _parts(request: dict[str, Any]) -> list[dict[str, Any]]:
     contents = request.get("contents") or []
     return [p for c in contents for p in c.get("parts") or []]
@@ -82,20 +51,12 @@ def answer(request: dict[str, Any]) -> str:
         lines = []
         for r in done:
             body = r.get("response") or {}
-            what = "ok" if "result" in body else "failed"
-            value = body.get("result", body.get("error"))
-            lines.append(f"{r.get('name')} {what}: {json.dumps(value, sort_keys=True)}")
+            lines.append(
+                said(r.get("name"), "result" in body, body.get("result", body.get("error")))
+            )
         return text_response("\n".join(lines))
     text = next(p["text"] for p in parts if p.get("text"))
-    bank, calls = None, []
-    for line in text.splitlines():
-        head, _, rest = line.partition(":")
-        if head.strip() == "bank":
-            bank = rest.strip()
-        elif head.strip() == "pay":
-            tool, amount, to = rest.split()
-            args = {"bank": bank, "amount": int(amount), "to": to}
-            calls.append({"functionCall": {"name": tool, "args": args}})
+    calls = [{"functionCall": {"name": tool, "args": args}} for tool, args in planned(text)]
     content = {"role": "model", "parts": calls}
     return json.dumps({"candidates": [{"content": content, "finishReason": "STOP"}]})
 
@@ -128,7 +89,7 @@ class GenaiAgent:
     @workflow.run
     async def run(self, text: str) -> str:
         return await _generate(
-            text, exactcall.google_genai.tools(genai_pay, genai_approved_pay, genai_pay_then_lose)
+            text, exactcall.google_genai.tools(kit_pay, kit_approved_pay, kit_pay_then_lose)
         )
 
 
@@ -139,7 +100,7 @@ class GenaiKeyedAgent:
     @workflow.run
     async def run(self, text: str) -> str:
         return await _generate(
-            text, exactcall.google_genai.tools(genai_pay, key=lambda args: f"to-{args['to']}")
+            text, exactcall.google_genai.tools(kit_pay, key=lambda args: f"to-{args['to']}")
         )
 
 
@@ -154,4 +115,4 @@ class GenaiPlainAgent:
             start_to_close_timeout=timedelta(seconds=3),
             retry_policy=RetryPolicy(initial_interval=timedelta(milliseconds=200)),
         )
-        return await _generate(text, [activity_as_tool(genai_plain_pay, activity_config=config)])
+        return await _generate(text, [activity_as_tool(kit_plain_pay, activity_config=config)])

@@ -8,12 +8,10 @@ right after the payment.
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
 
 import pytest
 from temporalio.client import Client, WorkflowFailureError
@@ -24,21 +22,11 @@ from exactcall._worker import Connection, build_worker, connect
 from exactcall.demo.bank import Bank
 from exactcall.embedded._server import DevServer
 from exactcall.google_genai import tools
-from exactcall.quickstart._common import CRASH_PLAIN_ENV
 from exactcall.testing import WorkerProcess
+from tests.agent_kit import kit_approved_pay, kit_pay, paid, plain_twice_exactcall_once, prompt
 from tests.conftest import ROOT
-from tests.genai_app import (
-    GenaiAgent,
-    GenaiKeyedAgent,
-    ScriptedGemini,
-    genai_approved_pay,
-    genai_pay,
-    prompt,
-)
+from tests.genai_app import GenaiAgent, GenaiKeyedAgent, ScriptedGemini
 from tests.test_approvals import eventually
-
-APP = ["tests.genai_app"]
-APP_PLUGINS = ["tests.genai_app:plugins"]
 
 
 @pytest.fixture(scope="module")
@@ -57,10 +45,6 @@ async def genai_worker(genai_client: Client, tq: str) -> AsyncIterator[None]:
         yield
 
 
-def paid(bank: Bank, who: str) -> list[int]:
-    return [p["amount"] for p in bank.payments() if p["to_account"] == who]
-
-
 async def run(client: Client, tq: str, text: str, wf: str = "GenaiAgent") -> tuple[str, str]:
     wid = f"genai-{uuid.uuid4().hex[:10]}"
     out = await client.execute_workflow(wf, text, id=wid, task_queue=tq, result_type=str)
@@ -72,14 +56,14 @@ async def test_one_payment_under_a_step_key_the_model_sees_the_schema_and_the_re
     genai_client: Client, genai_worker: None, gemini: ScriptedGemini, tq: str, bank: Bank, who: str
 ) -> None:
     before = len(gemini.requests)
-    wid, text = await run(genai_client, tq, prompt(bank.url, ("genai_pay", 10, who)))
-    key = exactcall.derive_key("default", wid, "genai_pay#1", "genai_pay", "1")
-    assert text.startswith("genai_pay ok:") and key in text  # the bank's receipt, keyed by step
+    wid, text = await run(genai_client, tq, prompt(bank.url, ("kit_pay", 10, who)))
+    key = exactcall.derive_key("default", wid, "kit_pay#1", "kit_pay", "1")
+    assert text.startswith("kit_pay ok:") and key in text  # the bank's receipt, keyed by step
     assert paid(bank, who) == [10]
     first = gemini.requests[before]
     decls = [d for t in first["tools"] for d in t.get("functionDeclarations") or []]
-    [pay] = [d for d in decls if d["name"] == "genai_pay"]
-    assert pay["description"] == genai_pay.__doc__, pay
+    [pay] = [d for d in decls if d["name"] == "kit_pay"]
+    assert pay["description"] == kit_pay.__doc__, pay
     props = pay["parameters_json_schema"]["properties"]
     assert set(props) == {"bank", "amount", "to"}  # no idempotency_key
     assert props["amount"]["type"] == "integer"
@@ -88,11 +72,11 @@ async def test_one_payment_under_a_step_key_the_model_sees_the_schema_and_the_re
 async def test_a_refusal_reaches_the_model_and_a_repeat_pays_nothing(
     genai_client: Client, genai_worker: None, tq: str, bank: Bank, who: str
 ) -> None:
-    calls = [("genai_pay", 10, who), ("genai_pay", 10, who), ("genai_pay", 99, who)]
+    calls = [("kit_pay", 10, who), ("kit_pay", 10, who), ("kit_pay", 99, who)]
     _, text = await run(genai_client, tq, prompt(bank.url, *calls), wf="GenaiKeyedAgent")
     first, repeat, other = text.splitlines()
-    assert first.startswith("genai_pay ok:") and repeat == first  # the same step: its result
-    assert other.startswith("genai_pay failed:") and "IntentConflict" in other
+    assert first.startswith("kit_pay ok:") and repeat == first  # the same step: its result
+    assert other.startswith("kit_pay failed:") and "IntentConflict" in other
     assert paid(bank, who) == [10]
 
 
@@ -103,7 +87,7 @@ async def test_an_unknown_outcome_fails_the_run_and_never_reaches_the_model(
     # step, a new key) and may pay twice: the run fails, and the reconciliation goes on
     before = len(gemini.requests)
     wid = f"genai-lose-{uuid.uuid4().hex[:8]}"
-    text = prompt(bank.url, ("genai_pay_then_lose", 3, who))
+    text = prompt(bank.url, ("kit_pay_then_lose", 3, who))
     with pytest.raises(WorkflowFailureError) as failed:
         await genai_client.execute_workflow("GenaiAgent", text, id=wid, task_queue=tq)
     assert getattr(failed.value.cause, "type", None) == "AmbiguousOutcome", repr(failed.value)
@@ -114,13 +98,13 @@ async def test_an_unknown_outcome_fails_the_run_and_never_reaches_the_model(
         rows = await reconciliation.list_unresolved(genai_client)
         return [r.tool for r in rows if r.workflow_id == wid]
 
-    assert await eventually(listed, bool, timeout=20) == ["genai_pay_then_lose"]
+    assert await eventually(listed, bool, timeout=20) == ["kit_pay_then_lose"]
 
 
 async def test_an_approval_is_listed_bound_to_the_hash_and_runs_once(
     genai_client: Client, genai_worker: None, tq: str, bank: Bank, who: str
 ) -> None:
-    text = prompt(bank.url, ("genai_approved_pay", 10, who))
+    text = prompt(bank.url, ("kit_approved_pay", 10, who))
     wid = f"genai-{uuid.uuid4().hex[:10]}"
     handle = await genai_client.start_workflow(
         "GenaiAgent", text, id=wid, task_queue=tq, result_type=str
@@ -130,14 +114,14 @@ async def test_an_approval_is_listed_bound_to_the_hash_and_runs_once(
         return [r for r in await approvals.list_pending(genai_client) if r.workflow_id == wid]
 
     [req] = await eventually(mine, bool, timeout=20)
-    assert (req.step, req.tool) == ("genai_approved_pay#1", "genai_approved_pay")
-    wrong = exactcall.intent_hash(genai_approved_pay, bank.url, 9999, "mallory")
+    assert (req.step, req.tool) == ("kit_approved_pay#1", "kit_approved_pay")
+    wrong = exactcall.intent_hash(kit_approved_pay, bank.url, 9999, "mallory")
     res = await approvals.approve(genai_client, wid, req.step, args_hash=wrong, by="ops")
     assert not res.accepted and res.outcome.startswith("hash mismatch")
     assert paid(bank, who) == []
     res = await approvals.approve(genai_client, wid, req.step, args_hash=req.args_hash, by="ops")
     assert res.accepted
-    assert (await handle.result()).startswith("genai_approved_pay ok:")
+    assert (await handle.result()).startswith("kit_approved_pay ok:")
     assert paid(bank, who) == [10]
 
 
@@ -149,39 +133,15 @@ async def test_killed_after_the_payment_plain_pays_twice_exactcall_once(
     exactcall_task_queue: str,
     bank: Bank,
 ) -> None:
-    plain_to, exact_to = (
-        f"genai-plain-{uuid.uuid4().hex[:6]}",
-        f"genai-exact-{uuid.uuid4().hex[:6]}",
+    await plain_twice_exactcall_once(
+        crash_at,
+        client,
+        exactcall_task_queue,
+        bank,
+        "tests.genai_app",
+        plain="GenaiPlainAgent",
+        exact="GenaiAgent",
     )
-    kw: dict[str, Any] = {"tools": APP, "workflows": APP, "plugins": APP_PLUGINS, "cwd": ROOT}
-    # one worker crashing at both: the plain activity's first attempt and the exactcall call's
-    a = await crash_at("genai_pay", "after_call", env={CRASH_PLAIN_ENV: "1"}, **kw)
-    handles = [
-        await client.start_workflow(
-            wf,
-            prompt(bank.url, (tool, 10, to)),
-            id=f"{to}-wf",
-            task_queue=exactcall_task_queue,
-            result_type=str,
-        )
-        for wf, tool, to in (
-            ("GenaiPlainAgent", "genai_plain_pay", plain_to),
-            ("GenaiAgent", "genai_pay", exact_to),
-        )
-    ]
-    assert await a.killed() == -9
-    while not (paid(bank, plain_to) and paid(bank, exact_to)):  # one kill may come first
-        b = await crash_at("genai_pay", "after_call", env={CRASH_PLAIN_ENV: "1"}, **kw)
-        assert await b.killed() == -9
-    await crash_at(**kw)  # a healthy worker: the plain activity runs again; the probe finds it
-    plain_text, exact_text = await asyncio.wait_for(
-        asyncio.gather(*(h.result() for h in handles)), 60
-    )
-    assert paid(bank, plain_to) == [10, 10]
-    assert paid(bank, exact_to) == [10]
-    assert plain_text.startswith("genai_plain_pay ok:")
-    key = exactcall.derive_key("default", handles[1].id, "genai_pay#1", "genai_pay", "1")
-    assert exact_text.startswith("genai_pay ok:") and key in exact_text
 
 
 # -- bad use -----------------------------------------------------------------------------------
@@ -189,9 +149,9 @@ def test_bad_tool_lists_are_refused_clearly() -> None:
     with pytest.raises(TypeError, match="at least one exactcall tool"):
         tools()
     with pytest.raises(ValueError, match="listed twice"):
-        tools(genai_pay, "genai_pay")
+        tools(kit_pay, "kit_pay")
     with pytest.raises(ValueError, match="not one of its tools"):
-        tools(genai_pay, key={"genai_approved_pay": lambda a: "x"})
+        tools(kit_pay, key={"kit_approved_pay": lambda a: "x"})
 
 
 def test_without_the_package_the_import_error_says_which_extra() -> None:

@@ -72,7 +72,9 @@ __all__ = [
     "refusal_or_failure",
     "register_error",
     "resolve_tool",
+    "resolve_tools",
     "schema_function",
+    "some_of",
     "split_arguments",
     "step_of",
 ]
@@ -150,6 +152,38 @@ def split_arguments(t: Tool, named: Any) -> tuple[list[Any], dict[str, Any]]:
         elif p.kind is p.VAR_KEYWORD and isinstance(kwargs.get(name), Mapping):
             kwargs.update(kwargs.pop(name))
     return args, kwargs
+
+
+# -- the tools -----------------------------------------------------------------------------------
+def resolve_tools(tools: Collection[Tool | str], *, where: str) -> list[Tool]:
+    """An adapter's tools (exactcall tools or their names), at least one, each once."""
+    if not tools:
+        raise TypeError(f"{where}() needs at least one exactcall tool")
+    resolved = [resolve_tool(t) for t in tools]
+    names = [t.name for t in resolved]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"{where}(): {twice} listed twice")
+    return resolved
+
+
+def some_of(
+    spec: bool | Collection[Tool | str], tools: Collection[Tool], *, option: str
+) -> frozenset[str]:
+    """The names an adapter's option such as ``requires_approval=`` picks: True for all of
+    ``tools``, False for none, or a collection of some of them (by tool or name)."""
+    names = {t.name for t in tools}
+    if spec is True:
+        return frozenset(names)
+    if spec is False:
+        return frozenset()
+    if isinstance(spec, str) or not isinstance(spec, Collection):
+        raise TypeError(f"{option}={spec!r}: use True, False, or a collection of these tools")
+    chosen = frozenset(resolve_tool(t).name if isinstance(t, Tool) else str(t) for t in spec)
+    unknown = sorted(chosen - names)
+    if unknown:
+        raise ValueError(f"{option} names {unknown}, which are not among {sorted(names)}")
+    return chosen
 
 
 # -- the step ----------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ from exactcall.integrations._adapters import (
     call_for_model,
     key_functions,
     refusal_or_failure,
-    resolve_tool,
+    resolve_tools,
     schema_function,
     step_of,
 )
@@ -68,13 +68,7 @@ def tools(*tools: Tool | str, key: KeyOption = None) -> list[Callable[..., Any]]
     f"order-{args['order_id']}"``), or a mapping of tool to such a function: a model that
     repeats a call repeats no effect. Without it each call is a new step (``pay#1``, ``pay#2``).
     """
-    if not tools:
-        raise TypeError("exactcall.google_genai.tools() needs at least one exactcall tool")
-    resolved = [resolve_tool(t) for t in tools]
-    names = [t.name for t in resolved]
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise ValueError(f"exactcall.google_genai.tools(): {twice} listed twice")
+    resolved = resolve_tools(tools, where="exactcall.google_genai.tools")
     keys = key_functions(key, resolved, where="exactcall.google_genai.tools")
     return [_callable(t, keys.get(t.name)) for t in resolved]
 

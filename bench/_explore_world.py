@@ -30,7 +30,10 @@ from temporalio.service import RPCError
 import exactcall
 from bench import _explore_workflows as ew
 from exactcall import approvals, reconciliation
+from exactcall._canonical import derive_key
+from exactcall._wire import reconcile_id
 from exactcall.demo.bank import Bank
+from exactcall.reconciliation._verdicts import Settled
 from exactcall.testing import FaultProxy, WorkerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -361,13 +364,31 @@ class Run:
             if out == "done" and (r["payment_id"] != paid.get(r["amount"]) or r["step"] in parked):
                 found.append(f"{where}: done, receipt {r['payment_id']}, bank {paid}, {parked}")
             elif out == "unknown" and not parked.get(r["step"]):
-                if (wid, r["step"]) not in self.resolved:
-                    found.append(f"{where}: unknown, but neither parked with a reason nor resolved")
+                if (wid, r["step"]) not in self.resolved and not await self._settled(wid, r):
+                    found.append(f"{where}: unknown, but neither parked with a reason nor settled")
             elif out == "denied" and r["amount"] in paid:
                 found.append(f"{where}: denied, but the bank has its payment")
             elif out == "error":
                 found.append(f"{where}: ended in an error: {r.get('error')}: {r.get('reason')}")
         return found
+
+    async def _settled(self, wid: str, row: dict[str, Any]) -> bool:
+        """Whether the call's reconciliation ended with a verdict (the explorer's, or a late
+        attempt's result: exactcall settles a parked call as landed by it); logged."""
+        tool = exactcall.get_tool(row["tool"])
+        key = derive_key(self.world.client.namespace, wid, row["step"], tool.name, tool.version)
+        handle = self.world.client.get_workflow_handle(reconcile_id(key), result_type=Settled)
+        try:
+            desc = await handle.describe()
+        except RPCError:
+            self.log.append(f"check {wid} {row['step']}: no reconciliation")
+            return False
+        if desc.status != WorkflowExecutionStatus.COMPLETED:
+            self.log.append(f"check {wid} {row['step']}: reconciliation {desc.status}, not parked")
+            return False
+        s = await handle.result()
+        self.log.append(f"check {wid} {row['step']}: settled {s.verdict} by {s.decided_by}")
+        return True
 
 
 def _is(p: dict[str, Any], wid: str, amount: int) -> bool:

@@ -32,6 +32,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -188,22 +189,26 @@ async def amain(ns: argparse.Namespace) -> int:
     rng = random.SystemRandom()
     count = 1 if ns.seed is not None else (ns.schedules or 10**9)
     seeds = (ns.seed if ns.seed is not None else rng.randrange(2**31) for _ in range(count))
-    with tempfile.TemporaryDirectory(prefix="exactcall-explore-") as tmp:
-        server = DevServer().start()
-        watch(server.pid)
-        world: World | None = None
-        try:
-            client = await connect(Connection(address=server.address, namespace="default"))
-            with Bank(Path(tmp) / "bank.db") as bank:
-                world = World(client, server.address, bank)
-                world.on_start = lambda pid: watch(pid, b"exactcall")
-                await world.start(WORKERS)
-                deadline = time.monotonic() + ns.minutes * 60
-                report = await explore(world, seeds, deadline, ns.shrink)
-        finally:
-            if world is not None:
-                world.stop()
-            server.stop()
+    tmp = tempfile.mkdtemp(prefix="exactcall-explore-")  # kept on a failure: the histories
+    server = DevServer(db=Path(tmp) / "temporal.db").start()
+    watch(server.pid)
+    world: World | None = None
+    try:
+        client = await connect(Connection(address=server.address, namespace="default"))
+        with Bank(Path(tmp) / "bank.db") as bank:
+            world = World(client, server.address, bank)
+            world.on_start = lambda pid: watch(pid, b"exactcall")
+            await world.start(WORKERS)
+            deadline = time.monotonic() + ns.minutes * 60
+            report = await explore(world, seeds, deadline, ns.shrink)
+    finally:
+        if world is not None:
+            world.stop()
+        server.stop()
+    if report["failed"]:
+        print(f"the server's database, to read the runs: exactcall server --db {tmp}/temporal.db")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
     print(f"{report['schedules']} schedules, {report['failed']} failed, {report['seconds']} s")
     print(f"operations that acted: {report['ops_that_acted']}")
     print(f"workers that died by themselves, by exit code: {report['worker_deaths']}")

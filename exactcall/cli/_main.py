@@ -361,7 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ns.cmd, ns.upstream, ns.fault, ns.port, as_json=ns.json, late_by=ns.late_by
             )
         if ns.command == "mcp":
-            from exactcall._mcp import run as run_mcp
+            from exactcall.cli._mcp import run as run_mcp
 
             return run_mcp(ns, _connection(ns) if ns.mcp_command in ("proxy", "serve") else None)
         if ns.command == "quickstart":

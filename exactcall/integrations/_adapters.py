@@ -1,8 +1,8 @@
 """What exactcall's agent-framework adapters share, and what an adapter of your own needs.
 
-``exactcall.openai_agents``, ``exactcall.pydantic_ai`` and ``exactcall.langgraph`` are built
-on this module and on exactcall's public API alone, so the three follow one rule for each of
-these:
+``exactcall.openai_agents``, ``exactcall.pydantic_ai``, ``exactcall.langgraph``,
+``exactcall.google_genai``, ``exactcall.google_adk`` and ``exactcall.strands`` are built on this
+module and on exactcall's public API alone, so they follow one rule for each of these:
 
 * **Which exactcall errors a model sees** (:data:`MODEL_ERRORS`). An error in it is a tool
   error the model can answer, and the run goes on. Any other exactcall error fails the run:
@@ -13,6 +13,11 @@ these:
   - ``ResultNotSerializable``: the tool ran, and a retry would run it again.
   - ``PluginNotInstalled`` and the like: a worker set up wrong. That must fail loudly, not
     reach a model.
+
+  A framework that hands every ``Exception`` a tool raises to the model (Google Gen AI's
+  automatic function calling, Strands) gets such an error past it with
+  :func:`refusal_or_failure`: wrapped in :class:`FailTheRun` (a ``BaseException``), which the
+  plugin's workflow interceptor unwraps where the run's code ends.
 
 * **The schema a model sees** (:func:`schema_function`): the tool's signature without
   ``idempotency_key``, its resolved annotations, its name and docstring. Annotations that

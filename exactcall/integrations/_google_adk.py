@@ -42,7 +42,14 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "pip install 'exactcall[google-adk]'"
     ) from exc
 
-from exactcall import ApprovalDenied, ApprovalExpired, ExactcallError, Tool, args_hash
+from exactcall import (
+    ApprovalDenied,
+    ApprovalExpired,
+    ApprovalMissing,
+    ExactcallError,
+    Tool,
+    args_hash,
+)
 from exactcall.integrations._adapters import (
     MODEL_ERRORS,
     KeyFunction,
@@ -159,8 +166,6 @@ def _callable(t: Tool, key: KeyFunction | None, confirmed: bool) -> Callable[...
 def _check_confirmation(t: Tool, named: Mapping[str, Any], ctx: ToolContext) -> None:
     """Refuse (``ApprovalMissing``, which the model reads) a confirmation that is not for
     exactly these arguments. ADK itself refused a missing or rejected one before."""
-    from exactcall.approvals._binding import ApprovalMissing
-
     confirmation = ctx.tool_confirmation
     payload = confirmation.payload if confirmation is not None else None
     granted = payload.get(ARGS_HASH) if isinstance(payload, Mapping) else None

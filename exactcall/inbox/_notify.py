@@ -150,6 +150,7 @@ class Notifier:
         self.inbox_url = inbox_url.rstrip("/")
         self.state = _State(state_path)
         self._sending: set[asyncio.Task[bool]] = set()
+        self._last: dict[str, asyncio.Task[bool]] = {}  # the last event of each call in flight
 
     async def run(self) -> None:
         while True:
@@ -216,9 +217,23 @@ class Notifier:
         if e.id in self.state.sent:
             return
         self.state.sent[e.id] = None
-        task = asyncio.create_task(self.webhook.send(e))  # never awaited by the watch loop
+        # never awaited by the watch loop; a call's events go out in the order they happened
+        # (decided before settled), each after the one before it for the same call
+        fid = _fid(wf, step, h)
+        task = asyncio.create_task(self._send_after(self._last.get(fid), e))
+        self._last[fid] = task
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
+        task.add_done_callback(lambda t: self._forget(fid, t))
+
+    def _forget(self, fid: str, task: asyncio.Task[bool]) -> None:
+        if self._last.get(fid) is task:
+            del self._last[fid]
+
+    async def _send_after(self, before: asyncio.Task[bool] | None, e: Event) -> bool:
+        if before is not None:
+            await asyncio.wait({before})
+        return await self.webhook.send(e)
 
     async def drain(self, timeout: float = 10) -> None:
         """Wait for the events in flight (at shutdown)."""

@@ -180,9 +180,10 @@ class Reconcile:
         if not self._outwaits_the_claim:
             return v
         spec = self._call_spec(inp)
-        gone_at = (
-            workflow.info().start_time + spec.heartbeat_timeout + CLAIM_SLACK + spec.late_commit
-        )
+        # late_commit only from the input: a reconciliation of a version that carried no spec
+        # must wait as it did, whatever the tool declares now (the same commands on replay)
+        late = inp.call.late_commit if inp.call is not None else timedelta(0)
+        gone_at = workflow.info().start_time + spec.heartbeat_timeout + CLAIM_SLACK + late
         if asked_at >= gone_at:
             return v
         wait = gone_at - workflow.now()

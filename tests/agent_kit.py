@@ -12,10 +12,12 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from temporalio import activity
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowFailureError
 
 import exactcall
+from exactcall import approvals, reconciliation
 from exactcall.demo.bank import Bank
 from exactcall.quickstart._common import (
     CRASH_PLAIN_ENV,
@@ -25,6 +27,7 @@ from exactcall.quickstart._common import (
 )
 from exactcall.testing import WorkerProcess
 from tests.conftest import ROOT
+from tests.test_approvals import eventually
 
 FAST = timedelta(seconds=2)
 
@@ -136,3 +139,32 @@ async def plain_twice_exactcall_once(
     assert texts[1].startswith("kit_pay ok:") and key in texts[1], texts[1]
     assert texts[0].startswith("kit_plain_pay ok:"), texts[0]
     return texts[0], texts[1]
+
+
+# -- the steps every adapter's tests take ------------------------------------------------------
+async def unknown_fails_the_run(
+    client: Client, workflow: str, wid: str, tq: str, bank: Bank, who: str
+) -> None:
+    """``kit_pay_then_lose`` pays once and loses its outcome: the run fails with
+    AmbiguousOutcome (the model never sees it) and the call is listed as unresolved."""
+    text = prompt(bank.url, ("kit_pay_then_lose", 3, who))
+    with pytest.raises(WorkflowFailureError) as failed:
+        await client.execute_workflow(workflow, text, id=wid, task_queue=tq)
+    assert getattr(failed.value.cause, "type", None) == "AmbiguousOutcome", repr(failed.value)
+    assert paid(bank, who) == [3]
+
+    async def listed() -> list[str]:
+        rows = await reconciliation.list_unresolved(client)
+        return [r.tool for r in rows if r.workflow_id == wid]
+
+    assert await eventually(listed, bool, timeout=20) == ["kit_pay_then_lose"]
+
+
+async def the_pending_request(client: Client, wid: str) -> approvals.ApprovalRequest:
+    """The one call of run ``wid`` that waits for a person, once it is listed."""
+
+    async def mine() -> list[approvals.ApprovalRequest]:
+        return [r for r in await approvals.list_pending(client) if r.workflow_id == wid]
+
+    [req] = await eventually(mine, bool, timeout=20)
+    return req

@@ -13,20 +13,27 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.client import Client
 from temporalio.google_adk import GoogleAdkPlugin
 
 import exactcall
-from exactcall import approvals, reconciliation
+from exactcall import approvals
 from exactcall._worker import Connection, build_worker, connect
 from exactcall.demo.bank import Bank
 from exactcall.embedded._server import DevServer
 from exactcall.google_adk import tools
 from exactcall.testing import WorkerProcess
 from tests.adk_app import AdkAgent, AdkKeyedAgent
-from tests.agent_kit import kit_held_pay, kit_pay, paid, plain_twice_exactcall_once, prompt
+from tests.agent_kit import (
+    kit_held_pay,
+    kit_pay,
+    paid,
+    plain_twice_exactcall_once,
+    prompt,
+    the_pending_request,
+    unknown_fails_the_run,
+)
 from tests.conftest import ROOT
-from tests.test_approvals import eventually
 
 
 @pytest.fixture(scope="module")
@@ -84,17 +91,7 @@ async def test_an_unknown_outcome_fails_the_run_and_never_reaches_the_model(
     adk_client: Client, adk_worker: None, tq: str, bank: Bank, who: str
 ) -> None:
     wid = f"adk-lose-{uuid.uuid4().hex[:8]}"
-    text = prompt(bank.url, ("kit_pay_then_lose", 3, who))
-    with pytest.raises(WorkflowFailureError) as failed:
-        await adk_client.execute_workflow("AdkAgent", text, id=wid, task_queue=tq)
-    assert getattr(failed.value.cause, "type", None) == "AmbiguousOutcome", repr(failed.value)
-    assert paid(bank, who) == [3]
-
-    async def listed() -> list[str]:
-        rows = await reconciliation.list_unresolved(adk_client)
-        return [r.tool for r in rows if r.workflow_id == wid]
-
-    assert await eventually(listed, bool, timeout=20) == ["kit_pay_then_lose"]
+    await unknown_fails_the_run(adk_client, "AdkAgent", wid, tq, bank, who)
 
 
 # -- ADK's require_confirmation, bound to the hash ---------------------------------------------
@@ -110,10 +107,7 @@ async def test_a_confirmation_is_listed_bound_to_the_hash_and_runs_once(
         result_type=str,
     )
 
-    async def mine() -> list[approvals.ApprovalRequest]:
-        return [r for r in await approvals.list_pending(adk_client) if r.workflow_id == wid]
-
-    [req] = await eventually(mine, bool, timeout=20)
+    req = await the_pending_request(adk_client, wid)
     assert req.tool == "kit_held_pay" and req.step.startswith("kit_held_pay@")
     assert req.args_hash == exactcall.intent_hash(kit_held_pay, bank.url, 10, who)
     wrong = exactcall.intent_hash(kit_held_pay, bank.url, 9999, "mallory")

@@ -14,19 +14,26 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.client import Client
 
 import exactcall
-from exactcall import approvals, reconciliation
+from exactcall import approvals
 from exactcall._worker import Connection, build_worker, connect
 from exactcall.demo.bank import Bank
 from exactcall.embedded._server import DevServer
 from exactcall.google_genai import tools
 from exactcall.testing import WorkerProcess
-from tests.agent_kit import kit_approved_pay, kit_pay, paid, plain_twice_exactcall_once, prompt
+from tests.agent_kit import (
+    kit_approved_pay,
+    kit_pay,
+    paid,
+    plain_twice_exactcall_once,
+    prompt,
+    the_pending_request,
+    unknown_fails_the_run,
+)
 from tests.conftest import ROOT
 from tests.genai_app import GenaiAgent, GenaiKeyedAgent, ScriptedGemini
-from tests.test_approvals import eventually
 
 
 @pytest.fixture(scope="module")
@@ -87,18 +94,8 @@ async def test_an_unknown_outcome_fails_the_run_and_never_reaches_the_model(
     # step, a new key) and may pay twice: the run fails, and the reconciliation goes on
     before = len(gemini.requests)
     wid = f"genai-lose-{uuid.uuid4().hex[:8]}"
-    text = prompt(bank.url, ("kit_pay_then_lose", 3, who))
-    with pytest.raises(WorkflowFailureError) as failed:
-        await genai_client.execute_workflow("GenaiAgent", text, id=wid, task_queue=tq)
-    assert getattr(failed.value.cause, "type", None) == "AmbiguousOutcome", repr(failed.value)
-    assert paid(bank, who) == [3]
+    await unknown_fails_the_run(genai_client, "GenaiAgent", wid, tq, bank, who)
     assert len(gemini.requests) == before + 1  # no model turn saw the error
-
-    async def listed() -> list[str]:
-        rows = await reconciliation.list_unresolved(genai_client)
-        return [r.tool for r in rows if r.workflow_id == wid]
-
-    assert await eventually(listed, bool, timeout=20) == ["kit_pay_then_lose"]
 
 
 async def test_an_approval_is_listed_bound_to_the_hash_and_runs_once(
@@ -110,10 +107,7 @@ async def test_an_approval_is_listed_bound_to_the_hash_and_runs_once(
         "GenaiAgent", text, id=wid, task_queue=tq, result_type=str
     )
 
-    async def mine() -> list[approvals.ApprovalRequest]:
-        return [r for r in await approvals.list_pending(genai_client) if r.workflow_id == wid]
-
-    [req] = await eventually(mine, bool, timeout=20)
+    req = await the_pending_request(genai_client, wid)
     assert (req.step, req.tool) == ("kit_approved_pay#1", "kit_approved_pay")
     wrong = exactcall.intent_hash(kit_approved_pay, bank.url, 9999, "mallory")
     res = await approvals.approve(genai_client, wid, req.step, args_hash=wrong, by="ops")

@@ -20,19 +20,26 @@ import pytest
 # Skipping here when the package is absent hides nothing, because that second run has it.
 pytest.importorskip("temporalio.strands_agents", reason="runs in .venv-strands (see .ci/run)")
 
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.client import Client
 
 import exactcall
-from exactcall import approvals, reconciliation
+from exactcall import approvals
 from exactcall._worker import Connection, build_worker, connect
 from exactcall.demo.bank import Bank
 from exactcall.embedded._server import DevServer
 from exactcall.strands import tools
 from exactcall.testing import WorkerProcess
-from tests.agent_kit import kit_approved_pay, kit_pay, paid, plain_twice_exactcall_once, prompt
+from tests.agent_kit import (
+    kit_approved_pay,
+    kit_pay,
+    paid,
+    plain_twice_exactcall_once,
+    prompt,
+    the_pending_request,
+    unknown_fails_the_run,
+)
 from tests.conftest import ROOT
 from tests.strands_app import StrandsAgent, StrandsKeyedAgent, plugins
-from tests.test_approvals import eventually
 
 
 @pytest.fixture(scope="module")
@@ -82,17 +89,7 @@ async def test_an_unknown_outcome_fails_the_run_and_never_reaches_the_model(
     strands_client: Client, strands_worker: None, tq: str, bank: Bank, who: str
 ) -> None:
     wid = f"strands-lose-{uuid.uuid4().hex[:8]}"
-    text = prompt(bank.url, ("kit_pay_then_lose", 3, who))
-    with pytest.raises(WorkflowFailureError) as failed:
-        await strands_client.execute_workflow("StrandsAgent", text, id=wid, task_queue=tq)
-    assert getattr(failed.value.cause, "type", None) == "AmbiguousOutcome", repr(failed.value)
-    assert paid(bank, who) == [3]
-
-    async def listed() -> list[str]:
-        rows = await reconciliation.list_unresolved(strands_client)
-        return [r.tool for r in rows if r.workflow_id == wid]
-
-    assert await eventually(listed, bool, timeout=20) == ["kit_pay_then_lose"]
+    await unknown_fails_the_run(strands_client, "StrandsAgent", wid, tq, bank, who)
 
 
 async def test_an_approval_is_listed_bound_to_the_hash_and_runs_once(
@@ -107,10 +104,7 @@ async def test_an_approval_is_listed_bound_to_the_hash_and_runs_once(
         result_type=str,
     )
 
-    async def mine() -> list[approvals.ApprovalRequest]:
-        return [r for r in await approvals.list_pending(strands_client) if r.workflow_id == wid]
-
-    [req] = await eventually(mine, bool, timeout=20)
+    req = await the_pending_request(strands_client, wid)
     assert (req.step, req.tool) == ("kit_approved_pay#1", "kit_approved_pay")
     wrong = exactcall.intent_hash(kit_approved_pay, bank.url, 9999, "mallory")
     res = await approvals.approve(strands_client, wid, req.step, args_hash=wrong, by="ops")
